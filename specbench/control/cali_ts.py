@@ -1,0 +1,180 @@
+"""Thompson sampling with calibration (EESD, Liu et al., section 3.3 and Appendix B, Algorithm 3, eqs. 5-10)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbench.control.base import Controller, DraftInfo, check_round, register_controller
+from specbench.control.beta_ts import bernoulli
+from specbench.errors import SpecBenchError
+
+
+class CaliPredictor(nn.Module):
+    """EESD eq. 5: theta_M = sigmoid(W_p [W^i H_t^(T); H_{t+i}^(D)]), the probability that the i-th
+    draft token equals the target's token.
+
+    H_t^(T) is the target's last hidden state at the last verified token, H_{t+i}^(D) the draft's at
+    the i-th draft token; one W^i in R^{d x d} per draft position, shared from i = max_i (10) on. The
+    paper's W_p in R^{2 x 2d} with a 2-class softmax equals our W_p in R^{1 x 2d} plus bias with a
+    sigmoid (softmax over two logits is the sigmoid of their difference).
+    """
+
+    def __init__(self, d: int, max_i: int = 10):
+        super().__init__()
+        self.d, self.max_i = int(d), int(max_i)
+        # Identity W^i and a zero W_p: a deterministic start (p = 0.5) that needs no global seed.
+        self.W = nn.Parameter(torch.eye(self.d).repeat(self.max_i, 1, 1))
+        self.proj = nn.Linear(2 * self.d, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def logits(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        w = self.proj.weight
+        th, dh = target_hidden.to(w), draft_hidden.to(w)  # methods may hand bf16/fp16 states
+        idx = i.to(w.device).long().clamp(1, self.max_i) - 1
+        # One matmul per distinct position: gathering W[idx] would cost B*d*d memory.
+        z = torch.zeros_like(th)
+        for k in idx.unique().tolist():
+            m = idx == k
+            z = z.index_put((m,), th[m] @ self.W[k].T)
+        return self.proj(torch.cat([z, dh], dim=-1)).squeeze(-1)
+
+    def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        """[B, d], [B, d], [B] (1-based positions) -> acceptance probability [B]."""
+        return torch.sigmoid(self.logits(target_hidden, draft_hidden, i))
+
+    def train_on(self, examples, epochs: int = 3, lr: float = 1e-3, batch_size: int = 64, seed: int = 0) -> list[float]:
+        """Fit on (target_hidden [N, d], draft_hidden [N, d], i [N], label [N]) with binary cross-entropy;
+        label 1 when the draft token equalled the target's token. Returns the mean loss of each epoch."""
+        th, dh, pos, label = examples
+        dev = self.proj.weight.device
+        opt = torch.optim.Adam(self.parameters(), lr=lr)
+        gen = torch.Generator().manual_seed(int(seed))
+        self.train()
+        losses = []
+        for _ in range(int(epochs)):
+            total, order = 0.0, torch.randperm(len(label), generator=gen)
+            for b in order.split(int(batch_size)):
+                y = label[b].to(dev, torch.float32)
+                loss = nn.functional.binary_cross_entropy_with_logits(
+                    self.logits(th[b].to(dev), dh[b].to(dev), pos[b]), y.to(self.proj.weight.dtype))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += loss.item() * len(b)
+            losses.append(total / len(label))
+        self.eval()
+        return losses
+
+    def save(self, path: str | Path) -> None:
+        torch.save({"state_dict": self.state_dict(), "d": self.d, "max_i": self.max_i}, path)
+
+    @classmethod
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "CaliPredictor":
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        model = cls(ckpt["d"], ckpt["max_i"])
+        model.load_state_dict(ckpt["state_dict"])
+        return model.eval()
+
+
+@register_controller
+class CaliTS(Controller):
+    """Cali-TS: a Gaussian posterior over theta that mixes a trained predictor with the sample mean.
+
+    Per draft token i (eqs. 6, 7/9):
+        theta_M  = predictor(target_hidden, draft_hidden, i), or theta0 without a predictor
+        mu       = s_S^2 / (n s_M^2 + s_S^2) * theta_M + n s_M^2 / (n s_M^2 + s_S^2) * theta_hat
+        sigma^2  = s_M^2 s_S^2 / (s_S^2 + n s_M^2)
+        theta ~ N(mu, sigma^2) clipped to [0, 1];  chi ~ Bernoulli(theta);  stop when chi = 0
+    where n counts the verifications so far. Early on mu follows the predictor, later the sample mean.
+    Without a predictor theta_M is the constant theta0, so this is the paper's "w/o Model-Prediction"
+    ablation: sample mean only, shrunk towards theta0 while n is small.
+
+    sigma_m (s_M, the predictor's error), sigma_s (s_S, the spread of one round's mean chi) and theta0
+    (theta_hat before any round) have no values in the paper; 0.2, 0.3 and 0.5 are our choices.
+
+    After verification n += 1 and theta_hat is updated by `theta_update`:
+      - "mean" (default): the running mean of chi under Beta-TS's accounting (see beta_ts.BetaTS:
+        r = n_accepted successes out of min(n_accepted + 2, n_drafted) trials), with theta0 as one
+        pseudo-observation: theta_hat = (theta0 + sum r) / (1 + sum trials).
+      - "paper": eq. 10 as printed, theta_hat_t = (theta_hat_{t-|Q_v|} (t - |Q_v| + 1) + |Q_v|) / (t + 1)
+        with t the output tokens so far and |Q_v| = n_accepted + 1. It counts every output token as a
+        success, so theta_hat -> 1 whatever the acceptance; kept for fidelity to the text only.
+
+    `reset_per_sequence` (default True) restarts n and theta_hat at each sequence.
+    `predictor`: a CaliPredictor, a path to one saved with CaliPredictor.save, or None.
+    """
+
+    name = "cali_ts"
+
+    def __init__(self, sigma_m: float = 0.2, sigma_s: float = 0.3, theta0: float = 0.5, theta_update: str = "mean",
+                 predictor: CaliPredictor | str | Path | None = None, reset_per_sequence: bool = True,
+                 k_max: int = 10, seed: int = 0, **kw):
+        super().__init__(k_max=k_max, seed=seed, **kw)
+        if float(sigma_m) <= 0 or float(sigma_s) <= 0:
+            raise SpecBenchError(f"control.sigma_m and control.sigma_s must be > 0, got {sigma_m}, {sigma_s}")
+        if not 0.0 <= float(theta0) <= 1.0:
+            raise SpecBenchError(f"control.theta0 must be in [0, 1], got {theta0}")
+        if theta_update not in ("mean", "paper"):
+            raise SpecBenchError(f"unknown control.theta_update {theta_update!r}; allowed: mean, paper")
+        self.sigma_m, self.sigma_s, self.theta0 = float(sigma_m), float(sigma_s), float(theta0)
+        self.theta_update = theta_update
+        self.reset_per_sequence = bool(reset_per_sequence)
+        if isinstance(predictor, (str, Path)):
+            predictor = CaliPredictor.load(predictor)
+        self.predictor = predictor.eval() if predictor is not None else None
+        self.needs_hidden = predictor is not None
+        self._restart()
+        self.mu = self.sigma2 = self.theta_m = self.theta = None
+
+    def _restart(self) -> None:
+        self.n, self.theta_hat = 0, self.theta0
+        self.successes = self.trials = 0  # for "mean"
+        self.t = 0  # output tokens so far, for "paper"
+
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
+        if self.reset_per_sequence:
+            self._restart()
+
+    def posterior(self, theta_m: float) -> tuple[float, float]:
+        """(mu, sigma^2) of eqs. 6 and 9 for the current n and theta_hat."""
+        sm2, ss2 = self.sigma_m**2, self.sigma_s**2
+        den = self.n * sm2 + ss2
+        return (ss2 * theta_m + self.n * sm2 * self.theta_hat) / den, sm2 * ss2 / den
+
+    def _predict(self, info: DraftInfo) -> float:
+        if info.target_hidden is None or info.draft_hidden is None:
+            raise SpecBenchError("cali_ts with a predictor needs hidden states, but the method passed none")
+        with torch.no_grad():
+            p = self.predictor(info.target_hidden.reshape(1, -1), info.draft_hidden.reshape(1, -1),
+                               torch.tensor([info.i]))
+        return float(p.item())
+
+    def keep_drafting(self, info: DraftInfo) -> bool:
+        self.theta_m = self._predict(info) if self.predictor is not None else self.theta0
+        self.mu, self.sigma2 = self.posterior(self.theta_m)
+        z = torch.randn((), dtype=torch.float64, generator=self.rng).item()
+        self.theta = min(1.0, max(0.0, self.mu + math.sqrt(self.sigma2) * z))
+        return bernoulli(self.rng, self.theta)
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if not check_round(n_drafted, n_accepted):
+            return
+        self.n += 1
+        q_v = n_accepted + 1
+        if self.theta_update == "mean":
+            self.successes += n_accepted
+            self.trials += min(q_v + 1, n_drafted)
+            self.theta_hat = (self.theta0 + self.successes) / (1 + self.trials)
+        else:
+            t_prev, self.t = self.t, self.t + q_v
+            self.theta_hat = (self.theta_hat * (t_prev + 1) + q_v) / (self.t + 1)
+
+    def state(self) -> dict:
+        return {"n": self.n, "theta_hat": self.theta_hat, "mu": self.mu, "sigma2": self.sigma2,
+                "theta_m": self.theta_m, "theta": self.theta}

@@ -1,0 +1,69 @@
+"""A minimal KV cache that the unmodified transformers attention modules can write into.
+
+Attention layers only call `past_key_values.update(key, value, layer_idx)` and use what it
+returns, so any object with that method works as a cache. Owning it (instead of using
+`DynamicCache`, whose `crop` semantics changed between releases) gives us three things the
+decoding methods need: per-layer lengths (layer-skipping drafts leave skipped layers behind),
+rollback to an accepted length, and keeping an arbitrary subset of positions (the accepted path
+of a token tree). Buffers grow by doubling so a step costs no copy of the whole history.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = [0] * num_layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.lengths)
+
+    def length(self, layer: int = 0) -> int:
+        return self.lengths[layer]
+
+    # the protocol transformers' attention modules use ------------------------------------
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_, **__):
+        n, new = self.lengths[layer_idx], key.shape[-2]
+        buf_k, buf_v = self.keys[layer_idx], self.values[layer_idx]
+        if buf_k is None or n + new > buf_k.shape[-2]:
+            cap = max(64, 2 * (n + new))
+            shape = (*key.shape[:-2], cap, key.shape[-1])
+            grown_k = key.new_empty(shape)
+            grown_v = value.new_empty((*value.shape[:-2], cap, value.shape[-1]))
+            if buf_k is not None and n:
+                grown_k[..., :n, :] = buf_k[..., :n, :]
+                grown_v[..., :n, :] = buf_v[..., :n, :]
+            self.keys[layer_idx], self.values[layer_idx] = buf_k, buf_v = grown_k, grown_v
+        buf_k[..., n : n + new, :] = key
+        buf_v[..., n : n + new, :] = value
+        self.lengths[layer_idx] = n + new
+        return buf_k[..., : n + new, :], buf_v[..., : n + new, :]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+    # rollback ------------------------------------------------------------------------------
+    def crop(self, length: int, layers: range | None = None) -> None:
+        """Forget every position at or after `length` (in the given layers, default all)."""
+        for i in layers if layers is not None else range(self.num_layers):
+            self.lengths[i] = min(self.lengths[i], length)
+
+    def keep(self, start: int, positions: torch.Tensor | list[int], layers: range | None = None) -> None:
+        """Keep positions [0, start) plus `start + positions` (in order), drop the rest.
+
+        Used after tree verification: the accepted path's entries move down to sit right after
+        the committed prefix."""
+        idx = torch.as_tensor(positions, dtype=torch.long)
+        for i in layers if layers is not None else range(self.num_layers):
+            if self.keys[i] is None:
+                continue
+            src = (start + idx).to(self.keys[i].device)
+            k, v = self.keys[i], self.values[i]
+            k[..., start : start + len(idx), :] = k[..., src, :]
+            v[..., start : start + len(idx), :] = v[..., src, :]
+            self.lengths[i] = start + len(idx)

@@ -1,0 +1,98 @@
+"""Token choice and verification: greedy, and lossless speculative (rejection) sampling.
+
+Rejection sampling follows Leviathan et al. / Chen et al.: draft token x with draft probability
+q(x) is accepted with probability min(1, p(x)/q(x)); on rejection the replacement is drawn from
+norm(max(0, p - q)); if every draft token is accepted a bonus token is drawn from p. Both p and
+q are the *processed* distributions (temperature, top-k, top-p), so the output follows the
+target's processed distribution exactly. A draft without a distribution (prompt lookup, a
+greedy draft) passes q = one-hot, which the same rule handles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "SamplingConfig":
+        return cls(float(cfg.get("temperature", 0.0)), float(cfg.get("top_p", 1.0)), int(cfg.get("top_k", 0)))
+
+
+def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed next-token distribution(s), float32/64, for logits [..., V]."""
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if cfg.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    p = torch.softmax(logits, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_p, order = torch.sort(p, dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= cfg.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        p = p.masked_fill(drop, 0.0)
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(p.cpu() if p.is_cuda else p, 1, generator=generator).item())
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
+    if cfg.greedy:
+        return int(logits.argmax(-1).item())
+    return sample(probs(logits, cfg), generator)
+
+
+def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
+    """target_logits[i] predicts the token after draft[i-1] (row 0: after the pending token).
+
+    Returns (number of draft tokens accepted, the target's next token after them)."""
+    choice = target_logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and draft[n] == choice[n]:
+        n += 1
+    return n, choice[n]
+
+
+def verify_sampling(
+    target_logits: torch.Tensor,
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    cfg: SamplingConfig,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Rejection sampling. draft_probs: [k, V] processed draft distributions, or None for a
+    deterministic draft (one-hot q)."""
+    if cfg.greedy:
+        return verify_greedy(target_logits, draft)
+    p = probs(target_logits, cfg).cpu()
+    q = draft_probs.cpu().to(p.dtype) if draft_probs is not None else None
+    u = torch.rand(len(draft), generator=generator, dtype=p.dtype) if draft else None
+    for i, tok in enumerate(draft):
+        p_x = p[i, tok]
+        q_x = q[i, tok] if q is not None else torch.ones((), dtype=p.dtype)
+        if q_x > 0 and u[i] * q_x <= p_x:  # u < p/q, written without dividing
+            continue
+        residual = (p[i] - (q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(tok), p.shape[-1]).to(p.dtype))).clamp_min(0)
+        total = residual.sum()
+        if total <= 0:  # p == q exactly: rejection has probability 0, keep p
+            residual, total = p[i], p[i].sum()
+        return i, sample(residual / total, generator)
+    return len(draft), sample(p[len(draft)], generator)

@@ -1,0 +1,54 @@
+"""Per-phase wall-clock timing (draft / verify / control / prefill), CUDA-synchronised.
+
+Phases nest: time spent in an inner phase (a controller called from inside the draft loop) is
+charged to the inner phase only. "other" is whatever of the wall time no phase claimed: the
+harness's own overhead (cache bookkeeping, list appends, stop checks).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+PHASES = ("prefill", "draft", "verify", "control")
+
+
+class PhaseTimer:
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.cuda = torch.device(device).type == "cuda"
+        self.totals = {p: 0.0 for p in PHASES}
+        self._stack: list[tuple[str, float]] = []
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextmanager
+    def phase(self, name: str):
+        now = self._now()
+        if self._stack:  # pause the enclosing phase
+            outer, since = self._stack[-1]
+            self.totals[outer] += now - since
+        self._stack.append((name, now))
+        try:
+            yield
+        finally:
+            end = self._now()
+            _, since = self._stack.pop()
+            self.totals[name] = self.totals.get(name, 0.0) + end - since
+            if self._stack:
+                outer, _ = self._stack[-1]
+                self._stack[-1] = (outer, end)
+
+    def start(self) -> None:
+        self.t0 = self._now()
+
+    def stop(self) -> dict[str, float]:
+        wall = self._now() - self.t0
+        out = dict(self.totals)
+        out["other"] = max(0.0, wall - sum(self.totals.values()))
+        out["wall"] = wall
+        return out

@@ -1,0 +1,4 @@
+"""Decoding methods, registered by name (see base.METHODS)."""
+
+from specbench.methods.base import METHODS, Method, build_method, register_method  # noqa: F401
+from specbench.methods import hf_assisted, pld, vanilla_sd  # noqa: F401

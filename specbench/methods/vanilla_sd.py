@@ -1,0 +1,71 @@
+"""Vanilla speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a separate draft model.
+
+The draft is either a Hugging Face model sharing the target's tokenizer (`draft.source: hf`)
+or, by default, a separate small model built from the target's first `draft.num_layers` layers
+plus its final norm and head (`draft.source: truncate`), with its own KV cache. Untrained, such
+a truncated draft agrees with the target on only ~4-10% of tokens on the embedded model
+(shared/NOTES.md): `python -m specbench.train method=vanilla_sd` distils it on self-generated
+text, and a trained checkpoint is picked up automatically (`draft.checkpoint: auto`).
+"""
+
+from __future__ import annotations
+
+from specbench.methods.base import SpeculativeMethod, register_method
+from specbench.models import ModelAdapter, truncated_copy
+from specbench.errors import SpecBenchError
+
+
+def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
+    """The draft model named by `cfg` (the method's `draft` group) and a description of it."""
+    source = cfg.get("source", "truncate")
+    if source == "truncate":
+        n = int(cfg.get("num_layers", 4))
+        draft = truncated_copy(target, n)
+        info = {"draft": f"first {n} layers of the target", "draft_trained": False}
+        ckpt = cfg.get("checkpoint", "auto")
+        if ckpt:
+            from specbench.train.checkpoints import load_draft_checkpoint
+
+            path = load_draft_checkpoint(draft, target, n, ckpt)
+            if path:
+                info.update(draft_trained=True, draft_checkpoint=str(path))
+        return draft, info
+    if source == "hf":
+        from specbench.models import load_hf
+
+        draft = load_hf(cfg)
+        if draft.tokenizer.vocab != target.tokenizer.vocab:
+            raise SpecBenchError(
+                f"draft model {cfg.get('id')!r} has a different tokenizer than the target {target.name!r}; "
+                "speculative decoding needs the same vocabulary"
+            )
+        return draft, {"draft": str(cfg.get("id")), "draft_trained": None}
+    raise SpecBenchError(f"unknown draft.source {source!r}; allowed: hf, truncate")
+
+
+@register_method
+class VanillaSD(SpeculativeMethod):
+    name = "vanilla_sd"
+
+    def __init__(self, target, cfg, sampling, ctx=None):
+        super().__init__(target, cfg, sampling, ctx)
+        self.draft, self.draft_info = build_draft(target, cfg.get("draft", {}))
+
+    def describe(self) -> dict:
+        return super().describe() | self.draft_info
+
+    def prefill_draft(self, prompt: list[int]) -> None:
+        self.dcache = self.draft.new_cache()
+        self.draft.forward(prompt, self.dcache, last_only=True)
+
+    def propose(self, k_max: int):
+        def next_draft(drafts):
+            seq = self.tokens + drafts
+            logits, hidden = self.draft.forward(seq[self.dcache.length() :], self.dcache, last_only=True)
+            return logits[-1], hidden[-1]
+
+        return self.draft_loop(k_max, next_draft)
+
+    def rollback(self) -> None:
+        super().rollback()
+        self.dcache.crop(len(self.tokens) - 1)

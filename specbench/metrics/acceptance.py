@@ -1,0 +1,53 @@
+"""Acceptance metrics: v_d, r_d and HM (EESD paper, appendix D, eqs. 11-12), tau, positions.
+
+Definitions, for one generated sequence of L new tokens:
+- v_d = N_right / N_all_draft: share of drafted tokens the target accepted (eq. 11);
+- r_d = N_right / L: share of output tokens that came from the draft (eq. 12);
+- HM = 2 v_d r_d / (v_d + r_d) x 100 (section 4.1);
+- tau = mean tokens committed per decoding step (accepted drafts + the target's own token);
+- mean_accepted = mean accepted draft tokens per step.
+Draft tokens cut off by EOS or max_new_tokens count as drafted but not as accepted.
+"""
+
+from __future__ import annotations
+
+
+def harmonic_mean(v_d: float | None, r_d: float | None) -> float | None:
+    if v_d is None or r_d is None:
+        return None
+    if v_d + r_d == 0:
+        return 0.0
+    return 2 * v_d * r_d / (v_d + r_d) * 100
+
+
+def acceptance_metrics(steps: list[tuple[int, int, int]], n_tokens: int) -> dict:
+    """steps: (drafted, accepted, accepted and kept) per decoding step; n_tokens: L."""
+    n_steps = len(steps)
+    drafted = sum(s[0] for s in steps)
+    right = sum(s[2] for s in steps)
+    v_d = right / drafted if drafted else None
+    r_d = right / n_tokens if n_tokens else None
+    return {
+        "steps": n_steps,
+        "drafted": drafted,
+        "accepted": right,
+        "v_d": v_d,
+        "r_d": r_d,
+        "hm": harmonic_mean(v_d, r_d) if drafted else None,
+        # the prefill's token is not a decoding step
+        "tau": (n_tokens - 1) / n_steps if n_steps else None,
+        "mean_accepted": right / n_steps if n_steps else None,
+        "mean_drafted": drafted / n_steps if n_steps else None,
+    }
+
+
+def position_acceptance(steps: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
+    """Per draft position j (0-based): how often it was drafted and how often accepted."""
+    k = max((s[0] for s in steps), default=0)
+    drafted, accepted = [0] * k, [0] * k
+    for d, _, kept in steps:
+        for j in range(d):
+            drafted[j] += 1
+            if j < kept:
+                accepted[j] += 1
+    return drafted, accepted

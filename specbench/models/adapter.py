@@ -1,0 +1,179 @@
+"""The one place that knows how a decoder-only transformers model is laid out.
+
+Methods never touch model internals: they ask the adapter to embed tokens, run a range of
+decoder layers (optionally skipping attention or MLP sub-layers) against a `KVCache`, and apply
+the final norm and head. Layers are the model's own modules called directly, with position ids
+and an explicit additive 4D attention mask, so tree and group attention need no forked modeling
+file. Llama, Qwen2 and Mistral share this structure (`model.model.layers`, `.norm`,
+`.rotary_emb`, `lm_head`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specbench.engine.cache import KVCache
+from specbench.errors import SpecBenchError
+
+
+@dataclass
+class LayerSkip:
+    """Sub-layers a layer-skipping draft leaves out (Self-SD)."""
+
+    attn: frozenset[int] = frozenset()
+    mlp: frozenset[int] = frozenset()
+
+
+class ModelAdapter:
+    def __init__(self, model: nn.Module, tokenizer, name: str = "model"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        inner = getattr(model, "model", None)
+        needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+        if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
+            raise SpecBenchError(
+                f"model {type(model).__name__} is not a supported decoder-only layout "
+                "(need model.model.{embed_tokens,layers,norm,rotary_emb} and model.lm_head; "
+                "Llama, Qwen2 and Mistral have it)"
+            )
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.rotary_emb = inner.rotary_emb
+        self.lm_head = model.lm_head
+        self.config = model.config
+        for p in model.parameters():
+            p.requires_grad_(False)
+
+    # -- facts -------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.num_layers)
+
+    # -- pieces ------------------------------------------------------------------------------
+    def embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(1, -1)
+        return self.embed_tokens(ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: [1, q, d] -> logits [1, q, V]."""
+        return self.lm_head(self.norm(hidden))
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        cache: KVCache,
+        start: int = 0,
+        end: int | None = None,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        skip: LayerSkip | None = None,
+        layers: list[nn.Module] | None = None,
+        cache_offset: int = 0,
+    ) -> torch.Tensor:
+        """Run decoder layers [start, end) over `hidden` ([1, q, d]) appending to `cache`.
+
+        positions: [q] absolute positions (default: right after what each layer has cached).
+        tree_mask: [q, q] bool, True where new token i may attend to new token j (default
+        causal). Cached tokens are always visible.
+        layers: run these modules instead of the model's own (an early-exit layer); they write
+        to cache layer `cache_offset + k`, their own `layer_idx` is ignored.
+        """
+        mods = layers if layers is not None else self.layers[start : self.num_layers if end is None else end]
+        first = cache_offset if layers is not None else start
+        q = hidden.shape[1]
+        pos_embs: dict[int, tuple] = {}
+        masks: dict[int, torch.Tensor | None] = {}
+        for k, layer in enumerate(mods):
+            idx = first + k
+            past = cache.length(idx)
+            if past not in pos_embs:
+                pos = positions if positions is not None else torch.arange(past, past + q, device=hidden.device)
+                pos_embs[past] = self.rotary_emb(hidden, pos.view(1, -1))
+                masks[past] = self._mask(past, q, tree_mask, hidden.dtype, hidden.device)
+            hidden = self._layer(layer, idx, hidden, cache, pos_embs[past], masks[past], skip)
+        return hidden
+
+    def _layer(self, layer, idx, hidden, cache, pos_emb, mask, skip: LayerSkip | None):
+        attn_on = skip is None or idx not in skip.attn
+        mlp_on = skip is None or idx not in skip.mlp
+        if attn_on and mlp_on:
+            return self._call_layer(layer, idx, hidden, cache, pos_emb, mask)
+        # A partly skipped layer: the same sub-modules the layer's forward uses, minus the
+        # skipped residual branch.
+        if attn_on:
+            attn_out, _ = self._call_attn(layer, idx, layer.input_layernorm(hidden), cache, pos_emb, mask)
+            hidden = hidden + attn_out
+        if mlp_on:
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden
+
+    @staticmethod
+    def _redirect(layer, idx):
+        # the attention module writes to cache[layer_idx]; point it where this call needs it
+        attn = layer.self_attn
+        if attn.layer_idx != idx:
+            attn.layer_idx = idx
+
+    def _call_layer(self, layer, idx, hidden, cache, pos_emb, mask):
+        self._redirect(layer, idx)
+        out = layer(hidden, attention_mask=mask, past_key_values=cache, use_cache=True, position_embeddings=pos_emb)
+        return out[0] if isinstance(out, tuple) else out
+
+    def _call_attn(self, layer, idx, normed, cache, pos_emb, mask):
+        self._redirect(layer, idx)
+        return layer.self_attn(
+            hidden_states=normed, position_embeddings=pos_emb, attention_mask=mask, past_key_values=cache
+        )
+
+    @staticmethod
+    def _mask(past: int, q: int, tree_mask, dtype, device) -> torch.Tensor | None:
+        """Additive [1, 1, q, past+q] mask; None for one causal token (it sees everything)."""
+        if q == 1 and tree_mask is None:
+            return None
+        allowed = torch.ones(q, past + q, dtype=torch.bool, device=device)
+        new = tree_mask.to(device) if tree_mask is not None else torch.ones(q, q, dtype=torch.bool, device=device).tril()
+        allowed[:, past:] = new
+        mask = torch.zeros(q, past + q, dtype=dtype, device=device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask.view(1, 1, q, past + q)
+
+    # -- the full model ----------------------------------------------------------------------
+    def forward(
+        self,
+        ids: list[int] | torch.Tensor,
+        cache: KVCache,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        skip: LayerSkip | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full forward over new tokens. Returns (logits [q, V], final-norm hidden [q, d])."""
+        h = self.run_layers(self.embed(ids), cache, positions=positions, tree_mask=tree_mask, skip=skip)
+        if last_only:
+            h = h[:, -1:]
+        h = self.norm(h)
+        return self.lm_head(h)[0], h[0]

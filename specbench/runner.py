@@ -1,0 +1,328 @@
+"""The benchmark run: AR and a method on the same samples, in the same process, interleaved.
+
+For every sample (and every turn of it) AR and the method generate from their own history;
+which of the two goes first alternates per sample so slow drift of the machine (thermal, other
+load) hits both alike. Each finished sample is appended to `samples.jsonl` and flushed at once;
+re-running into the same directory skips finished samples, so a crash loses nothing done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specbench.engine.sampling import SamplingConfig
+from specbench.errors import SpecBenchError
+from specbench.methods import build_method
+from specbench.methods.base import Generation, Method
+from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
+from specbench.models import ModelAdapter, load_model
+from specbench.tasks import build_task
+from specbench.tasks.base import Sample
+
+# config keys that may differ between a run and its resumption
+RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in RESUMABLE_KEYS:
+        c.pop(k, None)
+        c.get("task", {}).pop(k, None)
+    c.pop("run_dir", None)
+    return c
+
+
+def environment() -> dict:
+    import transformers
+
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "hostname": platform.node(),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+class RunDir:
+    """samples.jsonl (append-only, one line per finished sample), config.yaml, summary.json."""
+
+    def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False):
+        self.path = path
+        self.samples_path = path / "samples.jsonl"
+        path.mkdir(parents=True, exist_ok=True)
+        cfg_path = path / "config.json"
+        fp = fingerprint(cfg)
+        if cfg_path.exists() and self.samples_path.exists() and not overwrite:
+            old = json.loads(cfg_path.read_text())
+            if old != fp:
+                diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+                raise SpecBenchError(
+                    f"run dir {path} holds results of a different configuration (differs in: {', '.join(diff)}); "
+                    "choose another run_name or pass overwrite=true"
+                )
+        elif overwrite and self.samples_path.exists():
+            self.samples_path.unlink()
+        cfg_path.write_text(json.dumps(fp, indent=2, sort_keys=True))
+        (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    def done(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        if not self.samples_path.exists():
+            return out
+        with open(self.samples_path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a crash: that sample runs again
+                out[rec["id"]] = rec
+        return out
+
+    def append(self, rec: dict) -> None:
+        # repair a line cut short by a crash so the new record starts on its own line
+        if self.samples_path.exists() and self.samples_path.stat().st_size:
+            with open(self.samples_path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                needs_newline = f.read(1) != b"\n"
+        else:
+            needs_newline = False
+        with open(self.samples_path, "a") as f:
+            f.write(("\n" if needs_newline else "") + json.dumps(rec) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, reps: int = 3) -> dict[int, float]:
+    """Median seconds of a full-model forward over k new tokens after `context` cached ones."""
+    from specbench.engine.timer import PhaseTimer
+
+    timer = PhaseTimer(target.device)
+    ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
+    cache = target.new_cache()
+    target.forward(ids[:context], cache, last_only=True)
+    out = {}
+    for k in ks:
+        times = []
+        for _ in range(reps + 1):  # first is a warm-up
+            t0 = timer._now()
+            target.forward(ids[context : context + k], cache)
+            times.append(timer._now() - t0)
+            cache.crop(context)
+        out[k] = statistics.median(times[1:])
+    return out
+
+
+def run_generation(method: Method, sample: Sample, tokenizer, max_new: int, seed: int) -> tuple[list[Generation], list[str]]:
+    replies: list[str] = []
+    gens: list[Generation] = []
+    for turn in range(len(sample.turns)):
+        prompt = tokenizer.encode_chat(sample.messages(replies))
+        g = method.generate(prompt, max_new, tokenizer.eos_ids, seed + turn)
+        g.extra["prompt_len"] = len(prompt)
+        gens.append(g)
+        replies.append(tokenizer.decode(g.tokens))
+    return gens, replies
+
+
+def summarize_system(gens: list[Generation]) -> dict:
+    tokens = sum(len(g.tokens) for g in gens)
+    times: dict[str, float] = {}
+    for g in gens:
+        for k, v in g.times.items():
+            times[k] = times.get(k, 0.0) + v
+    steps = [s for g in gens for s in g.steps]
+    rec = {"new_tokens": tokens, "wall": times.get("wall", 0.0), "times": times}
+    rec["tokens_per_s"] = tokens / rec["wall"] if rec["wall"] else None
+    if steps:
+        rec["acceptance"] = acceptance_metrics(steps, tokens)
+        rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
+    rec["steps"] = steps
+    return rec
+
+
+def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tokenizer, cfg, costs) -> dict:
+    seed = int(cfg.seed) + index
+    order = [("ar", ar), ("method", method)] if index % 2 == 0 else [("method", method), ("ar", ar)]
+    results = {}
+    for key, m in order:
+        gens, replies = run_generation(m, sample, tokenizer, int(cfg.max_new_tokens), seed)
+        rec = summarize_system(gens)
+        rec["tokens"] = [g.tokens for g in gens]
+        rec["text"] = replies
+        rec["quality"] = task.score(sample, replies)
+        results[key] = rec
+    a, m = results["ar"], results["method"]
+    rec = {"id": sample.id, "index": index, "category": sample.category, "ar": a, "method": m}
+    rec["matches_ar"] = a["tokens"] == m["tokens"]
+    rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
+    if costs and m.get("acceptance"):
+        draft_cost = m["times"].get("draft", 0.0) / max(1, m["acceptance"]["drafted"])
+        rec["predicted_speedup"] = predicted_speedup(m["steps"], m["new_tokens"], draft_cost, costs)
+    return rec
+
+
+def aggregate(records: list[dict], costs: dict[int, float] | None) -> dict:
+    """Pooled figures over samples: ratios of sums (the papers' way), plus per-sample spreads."""
+    if not records:
+        return {"samples": 0}
+    out: dict = {"samples": len(records)}
+    for key in ("ar", "method"):
+        tok = sum(r[key]["new_tokens"] for r in records)
+        wall = sum(r[key]["wall"] for r in records)
+        times: dict[str, float] = {}
+        for r in records:
+            for k, v in r[key]["times"].items():
+                times[k] = times.get(k, 0.0) + v
+        q: dict[str, list[float]] = {}
+        for r in records:
+            for k, v in (r[key].get("quality") or {}).items():
+                q.setdefault(k, []).append(v)
+        out[key] = {
+            "new_tokens": tok,
+            "wall": wall,
+            "tokens_per_s": tok / wall if wall else None,
+            "times": times,
+            "time_share": {k: v / wall for k, v in times.items() if k != "wall"} if wall else {},
+            "quality": {k: statistics.fmean(v) for k, v in q.items()},
+        }
+    m = out["method"]
+    out["speedup"] = m["tokens_per_s"] / out["ar"]["tokens_per_s"] if out["ar"]["tokens_per_s"] else None
+    per = [r["speedup"] for r in records if r.get("speedup")]
+    out["speedup_per_sample_mean"] = statistics.fmean(per) if per else None
+    out["speedup_per_sample_std"] = statistics.stdev(per) if len(per) > 1 else None
+    out["matches_ar"] = sum(bool(r["matches_ar"]) for r in records)
+    steps = [s for r in records for s in r["method"].get("steps", [])]
+    if steps:
+        acc = acceptance_metrics(steps, m["new_tokens"])
+        out["acceptance"] = acc
+        out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
+        drafted = max(1, acc["drafted"])
+        draft_cost = m["times"].get("draft", 0.0) / drafted
+        if costs:
+            out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs)
+            out["alpha"] = draft_cost / costs[1]
+            out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
+    cats = sorted({r["category"] for r in records if r.get("category")})
+    if cats:
+        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None) for c in cats}
+        for c in cats:
+            for k in ("per_category", "pos_drafted", "pos_accepted"):
+                out["per_category"][c].pop(k, None)
+    return out
+
+
+def _fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def print_summary(s: dict, meta: dict) -> str:
+    lines = [
+        f"\n== {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {s['samples']} samples ==",
+        f"lossless by design: {meta['lossless']}   outputs identical to AR: {s.get('matches_ar', 0)}/{s['samples']}",
+        "settings: " + ", ".join(f"{k}={v}" for k, v in meta["method_settings"].items() if k not in ("method", "lossless")),
+    ]
+    if meta["method_settings"].get("draft_trained") is False:
+        lines.append("note: the draft is untrained (run `python -m specbench.train` to distil it); expect a slowdown")
+    if s["samples"]:
+        ar, m = s["ar"], s["method"]
+        lines.append(f"{'':10}{'tokens':>8}{'wall s':>9}{'tok/s':>8}   quality")
+        for name, d in (("AR", ar), (meta["method"], m)):
+            qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
+            lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
+        lines.append(
+            f"speedup {_fmt(s['speedup'], '.3f')}x (per-sample mean {_fmt(s['speedup_per_sample_mean'], '.3f')}"
+            f" ± {_fmt(s['speedup_per_sample_std'], '.3f')})   predicted {_fmt(s.get('predicted_speedup'), '.3f')}x"
+            f"   eq.14 {_fmt(s.get('eq14_speedup'), '.3f')}x"
+        )
+        acc = s.get("acceptance")
+        if acc:
+            lines.append(
+                f"v_d {_fmt(acc['v_d'])}  r_d {_fmt(acc['r_d'])}  HM {_fmt(acc['hm'], '.2f')}  tau {_fmt(acc['tau'], '.2f')}"
+                f"  accepted/step {_fmt(acc['mean_accepted'], '.2f')}  drafted/step {_fmt(acc['mean_drafted'], '.2f')}"
+            )
+            rates = [a / d if d else 0 for d, a in zip(s["pos_drafted"], s["pos_accepted"])]
+            lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
+        share = m["time_share"]
+        lines.append(
+            "time share (method): " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items())
+        )
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def run(cfg: DictConfig) -> dict:
+    torch.set_grad_enabled(False)
+    if int(cfg.max_new_tokens) < 1:
+        raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    task = build_task(cfg.task)
+    samples = task.load()
+    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)))
+    target = load_model(cfg.model)
+    sampling = SamplingConfig.from_cfg(cfg.sampling)
+    ctx = {"control": cfg.get("control"), "cfg": cfg}
+    method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)
+    ar = build_method("ar", target, cfg.method, sampling, ctx)
+    meta = {
+        "method": cfg.method.name,
+        "controller": getattr(getattr(method, "controller", None), "name", None),
+        "task": cfg.task.name,
+        "model": cfg.model.name,
+        "model_key": getattr(target, "key", None),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "device": str(target.device),
+        "lossless": method.lossless,
+        "method_settings": method.describe(),
+        "sampling": OmegaConf.to_container(cfg.sampling),
+        "max_new_tokens": int(cfg.max_new_tokens),
+        "env": environment(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    done = run_dir.done()
+    todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
+
+    costs = None
+    if todo:
+        # warm-up: first calls pay for allocation and kernel selection; not measured
+        warm = samples[0]
+        prompt = target.tokenizer.encode_chat(warm.messages([]))
+        for m in (ar, method):
+            m.generate(prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids, 0)
+        if cfg.profile.enabled:
+            costs = profile_forward(target, list(cfg.profile.ks), int(cfg.profile.context), int(cfg.profile.reps))
+            (run_dir.path / "forward_costs.json").write_text(json.dumps(costs))
+    elif (run_dir.path / "forward_costs.json").exists():
+        costs = {int(k): v for k, v in json.loads((run_dir.path / "forward_costs.json").read_text()).items()}
+    meta["forward_costs"] = costs
+
+    bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
+    for index, sample in bar:
+        rec = run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs)
+        run_dir.append(rec)
+        bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
+    done = run_dir.done()
+    records = [done[s.id] for s in samples if s.id in done]
+    summary = aggregate(records, costs)
+    summary["meta"] = meta
+    (run_dir.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    summary["printed"] = print_summary(summary, meta)
+    print(f"results: {run_dir.path}")
+    return summary

@@ -1,0 +1,162 @@
+"""Task interface: load a split, build prompts, score outputs.
+
+A task yields `Sample`s. The runner turns a sample into chat messages (few-shot exemplars, then
+the user turns one at a time, each followed by the model's own reply) and asks the task to score
+the list of replies. Loading order for every task: a local data directory, then the Hugging Face
+hub through `datasets`, then data shipped in a package; if none works, one clear error naming
+every place that was tried.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from specbench.errors import SpecBenchError, choice_error
+
+
+@dataclass
+class Sample:
+    id: str
+    turns: list[str]  # user messages; turn i+1 is sent after the model answered turn i
+    few_shot: list[tuple[str, str]] = field(default_factory=list)  # (user, assistant) exemplars
+    system: str | None = None
+    reference: Any = None  # whatever the task's score() needs
+    category: str | None = None
+
+    def messages(self, replies: list[str]) -> list[dict]:
+        """Chat messages for the next turn, given the model's replies to the earlier turns."""
+        msgs: list[dict] = []
+        if self.system:
+            msgs.append({"role": "system", "content": self.system})
+        for user, assistant in self.few_shot:
+            msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+        for i, reply in enumerate(replies):
+            msgs += [{"role": "user", "content": self.turns[i]}, {"role": "assistant", "content": reply}]
+        msgs.append({"role": "user", "content": self.turns[len(replies)]})
+        return msgs
+
+
+class Task:
+    """Base class. Subclasses set `name` and implement `load_all` and `score`."""
+
+    name: str = "base"
+    # metric used as the headline quality figure in summaries (None: no quality score)
+    primary_metric: str | None = None
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    # -- data -------------------------------------------------------------------------------
+    def data_dir(self) -> Path | None:
+        d = self.cfg.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
+        return Path(d).expanduser() if d else None
+
+    def load_all(self) -> list[Sample]:
+        """Every sample of the evaluated split, in a fixed order."""
+        raise NotImplementedError
+
+    def load(self) -> list[Sample]:
+        """The reproducible subset chosen by `num_samples` and `seed`."""
+        samples = self.load_all()
+        n = self.cfg.get("num_samples")
+        if n is None or n == "all":
+            return samples
+        n = int(n)
+        if n < 1:
+            raise SpecBenchError(f"task.num_samples must be >= 1, got {n}")
+        if n > len(samples):
+            raise SpecBenchError(
+                f"task.num_samples={n} is larger than the {self.name} split ({len(samples)} samples)"
+            )
+        rng = random.Random(int(self.cfg.get("seed", 0)))
+        idx = sorted(rng.sample(range(len(samples)), n))
+        return [samples[i] for i in idx]
+
+    # -- scoring ----------------------------------------------------------------------------
+    def score(self, sample: Sample, replies: list[str]) -> dict[str, float]:
+        """Quality scores of one sample's replies (one per turn). Empty dict: no score."""
+        return {}
+
+
+def first_available(task: str, loaders: list[tuple[str, Callable[[], Any]]]):
+    """Try each (description, loader) in turn; one error naming every place tried if all fail."""
+    tried = []
+    for where, loader in loaders:
+        try:
+            result = loader()
+        except Exception as e:  # noqa: BLE001 - each failure is reported in the final message
+            tried.append(f"{where} ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})")
+            continue
+        if result is not None:
+            return result
+        tried.append(f"{where} (not found)")
+    raise SpecBenchError(f"no data for task {task!r}; looked in: " + "; ".join(tried))
+
+
+def read_jsonl(path: Path) -> list[dict] | None:
+    """Records of a JSONL file (.gz too), blank lines skipped; None if the file does not exist."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    opener = gzip.open if path.suffix == ".gz" else open
+    records = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise SpecBenchError(f"{path}:{i} is not valid JSON ({e.msg})") from None
+    return records
+
+
+def local_source(task: Task, rel: str) -> tuple[str, Callable[[], Any]]:
+    """A `first_available` entry: a JSONL file under the task's data directory."""
+    d = task.data_dir()
+    if d is None:
+        return "data_dir (unset: task.data_dir or SPECBENCH_DATA_DIR)", lambda: None
+    return str(d / rel), lambda: read_jsonl(d / rel)
+
+
+def load_hub_dataset(*args, **kwargs):
+    """`datasets.load_dataset`, offline unless HF_DATASETS_OFFLINE=0 is set explicitly.
+
+    Without a network every hub request retries for ~25 s, so the hub is only read from the local
+    cache by default. Only the datasets flag is set: model downloads (huggingface_hub) are untouched.
+    """
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    # datasets reads the flag when first imported; it may have been imported before we set it
+    if os.environ["HF_DATASETS_OFFLINE"].upper() in datasets.config.ENV_VARS_TRUE_VALUES:
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    return datasets.load_dataset(*args, **kwargs)
+
+
+def hub_source(path: str, *args, split: str, **kwargs) -> tuple[str, Callable[[], Any]]:
+    """A `first_available` entry: a split of a hub dataset, as a list of dicts."""
+    where = f"hub {path}[{split}] (cache only unless HF_DATASETS_OFFLINE=0)"
+    return where, lambda: [dict(r) for r in load_hub_dataset(path, *args, split=split, **kwargs)]
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    TASKS[cls.name] = cls
+    return cls
+
+
+def build_task(cfg) -> Task:
+    import specbench.tasks  # noqa: F401 - registers the built-in tasks
+
+    name = cfg.get("name")
+    if name not in TASKS:
+        raise choice_error("task", name, TASKS)
+    return TASKS[name](cfg)

@@ -1,0 +1,96 @@
+"""`jsonl`: prompts from any local JSONL file, one object per line.
+
+The prompt field holds a string (one turn) or a list of strings (several turns). With a reference
+field the replies are scored by exact match and ROUGE-1/L; without one they are only kept.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specbench.errors import SpecBenchError
+from specbench.tasks.base import Sample, Task, register_task
+from specbench.tasks.xsum import rouge
+
+
+def _score_one(reply: str, reference: str) -> dict[str, float]:
+    scores = {"exact_match": float(reply.strip() == str(reference).strip())}
+    scores.update(rouge(reply, str(reference), ("rouge1", "rougeL")))
+    return scores
+
+
+@register_task
+class JsonlTask(Task):
+    name = "jsonl"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        # no reference, no quality figure
+        self.primary_metric = "rougeL" if cfg.get("reference_field") else None
+
+    def path(self) -> Path:
+        raw = self.cfg.get("path")
+        if not raw:
+            raise SpecBenchError("task jsonl needs task.path=<a JSONL file of prompts>")
+        p = Path(str(raw)).expanduser()
+        tried = [p]
+        if not p.is_absolute() and self.data_dir() is not None:
+            tried.append(self.data_dir() / p)
+        for candidate in tried:
+            if candidate.is_file():
+                return candidate
+        raise SpecBenchError(f"task.path={raw!r} not found; looked at: {', '.join(map(str, tried))}")
+
+    def load_all(self) -> list[Sample]:
+        path = self.path()
+        field = self.cfg.get("prompt_field") or "prompt"
+        keys = ("id_field", "category_field", "reference_field")
+        id_field, cat_field, ref_field = (self.cfg.get(k) for k in keys)
+        samples = []
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                where = f"{path}:{i + 1}"
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SpecBenchError(f"{where} is not valid JSON ({e.msg})") from None
+                if not isinstance(rec, dict):
+                    raise SpecBenchError(f"{where} is a JSON {type(rec).__name__}; expected an object")
+                for key in (field, id_field, cat_field, ref_field):
+                    if key and key not in rec:
+                        raise SpecBenchError(f"{where} has no field {key!r}; fields: {', '.join(rec)}")
+                turns = rec[field]
+                turns = [turns] if isinstance(turns, str) else turns
+                if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+                    raise SpecBenchError(
+                        f"{where}: field {field!r} must be a string or a non-empty list of strings"
+                    )
+                samples.append(
+                    Sample(
+                        id=str(rec[id_field]) if id_field else str(i),
+                        turns=turns,
+                        system=self.cfg.get("system"),
+                        reference=rec[ref_field] if ref_field else None,
+                        category=str(rec[cat_field]) if cat_field else None,
+                    )
+                )
+        if not samples:
+            raise SpecBenchError(f"task.path={str(path)!r} has no records")
+        ids = [s.id for s in samples]
+        dup = next((x for x in ids if ids.count(x) > 1), None) if len(set(ids)) < len(ids) else None
+        if dup is not None:
+            raise SpecBenchError(f"task.id_field={id_field!r}: id {dup!r} occurs more than once in {path}")
+        return samples
+
+    def score(self, sample: Sample, replies: list[str]) -> dict[str, float]:
+        """A list reference scores turn by turn (averaged); a single one scores the last reply."""
+        ref = sample.reference
+        if ref is None:
+            return {}
+        if isinstance(ref, list):
+            per_turn = [_score_one(r, x) for r, x in zip(replies, ref)]
+            return {k: sum(s[k] for s in per_turn) / len(per_turn) for k in per_turn[0]} if per_turn else {}
+        return _score_one(replies[-1], ref)

@@ -1,0 +1,15 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The shared evaluation data (../shared/data beside the repo, or SPECBENCH_DATA_DIR)."""
+    d = Path(os.environ.get("SPECBENCH_DATA_DIR", REPO.parent / "shared" / "data"))
+    if not d.is_dir():
+        pytest.fail(f"evaluation data not found at {d}; set SPECBENCH_DATA_DIR")
+    return d

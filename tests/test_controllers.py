@@ -1,0 +1,243 @@
+"""Draft-length controllers: hand-computed updates from the papers, and behaviour in the draft loop."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specbench.control import CONTROLLERS, DraftInfo, build_controller
+from specbench.control.beta_ts import BetaTS
+from specbench.control.cali_ts import CaliPredictor, CaliTS
+from specbench.control.fixed import FixedK
+from specbench.control.threshold import AdaptiveThreshold, StaticThreshold
+from specbench.errors import SpecBenchError
+
+ADAPTIVE = ["beta_ts", "cali_ts", "adaptive_threshold"]
+
+
+def simulate_round(ctrl, confidences, budget=10**9):
+    """The draft loop of specbench/control/base.py; confidences[j] is the (j+1)-th draft's. Returns drafts made."""
+    ctrl.begin_round()
+    n = 0
+    while n < min(ctrl.k_max, budget):
+        n += 1
+        if not ctrl.keep_drafting(DraftInfo(i=n, confidence=confidences[(n - 1) % len(confidences)])):
+            break
+    return n
+
+
+def mean_draft_length(ctrl, accept_all, rounds=400):
+    ctrl.reset()
+    lengths = []
+    for _ in range(rounds):
+        n = simulate_round(ctrl, [0.99])
+        lengths.append(n)
+        ctrl.update(n, n if accept_all else 0)
+    return sum(lengths[rounds // 2:]) / (rounds - rounds // 2)  # after the controller has adapted
+
+
+# --- hand-computed updates -------------------------------------------------------------------
+
+
+def test_beta_ts_posterior_updates():
+    c = BetaTS(alpha0=1, beta0=1)
+    c.update(5, 2)  # |Q_v| = 3: r = 2, n = min(4, 5) = 4
+    assert (c.alpha, c.beta) == (3, 3)
+    c.update(5, 5)  # |Q_v| = 6: r = 5, n = min(7, 5) = 5, so no failure
+    assert (c.alpha, c.beta) == (8, 3)
+    c.update(5, 4)  # only the last draft rejected: r = 4, n = min(6, 5) = 5
+    assert (c.alpha, c.beta) == (12, 4)
+    c.update(1, 0)  # r = 0, n = min(2, 1) = 1
+    assert (c.alpha, c.beta) == (12, 5)
+
+
+def test_beta_ts_reset_per_sequence():
+    c = BetaTS(alpha0=2, beta0=3)
+    c.update(5, 2)
+    c.reset(1)
+    assert (c.alpha, c.beta) == (2, 3)
+    keep = BetaTS(alpha0=2, beta0=3, reset_per_sequence=False)
+    keep.update(5, 2)
+    keep.reset(1)
+    assert (keep.alpha, keep.beta) == (4, 5)
+
+
+def test_round_counts_are_checked():
+    for c in (BetaTS(), CaliTS(), AdaptiveThreshold()):
+        with pytest.raises(ValueError):
+            c.update(3, 4)
+        before = c.state()
+        c.update(0, 0)  # a round that drafted nothing teaches nothing
+        assert c.state() == before
+
+
+def test_cali_ts_posterior_by_hand():
+    c = CaliTS(sigma_m=0.2, sigma_s=0.3, theta0=0.5)
+    # n = 0: the predictor alone, with its variance sigma_M^2
+    assert c.posterior(0.7) == pytest.approx((0.7, 0.04))
+    c.n, c.theta_hat = 3, 0.9
+    # den = 3 * 0.04 + 0.09 = 0.21; mu = (0.09 * 0.7 + 0.12 * 0.9) / 0.21; var = 0.04 * 0.09 / 0.21
+    mu, var = c.posterior(0.7)
+    assert mu == pytest.approx((0.063 + 0.108) / 0.21)
+    assert var == pytest.approx(0.0036 / 0.21)
+    assert 1 / var == pytest.approx(1 / 0.04 + 3 / 0.09)  # eq. 7
+
+
+def test_cali_ts_theta_hat_mean():
+    c = CaliTS(theta0=0.5)
+    c.update(5, 2)  # r = 2 of 4 trials
+    assert (c.n, c.theta_hat) == (1, pytest.approx((0.5 + 2) / (1 + 4)))
+    c.update(5, 5)  # r = 5 of 5
+    assert (c.n, c.theta_hat) == (2, pytest.approx((0.5 + 7) / (1 + 9)))
+
+
+def test_cali_ts_theta_hat_paper_eq10():
+    c = CaliTS(theta0=0.5, theta_update="paper")
+    c.update(5, 2)  # |Q_v| = 3, t: 0 -> 3: (0.5 * 1 + 3) / 4
+    assert c.theta_hat == pytest.approx(3.5 / 4)
+    c.update(5, 0)  # |Q_v| = 1, t: 3 -> 4: (0.875 * 4 + 1) / 5
+    assert c.theta_hat == pytest.approx(4.5 / 5)
+    for _ in range(200):  # the documented flaw: all-rejected rounds still drive theta_hat to 1
+        c.update(5, 0)
+    assert c.theta_hat > 0.99
+
+
+def test_adaptive_threshold_by_hand():
+    c = AdaptiveThreshold(gamma=0.6, epsilon=0.01, beta1=0.5, beta2=0.9, alpha=0.8)
+    c.update(4, 2)  # e = 1: AR = 0.5 (beta1 taken as 0) <= 0.8 -> g~ = 0.61
+    assert c.ar == pytest.approx(0.5)
+    assert c.gamma == pytest.approx(0.9 * 0.6 + 0.1 * 0.61)  # 0.601
+    c.update(2, 2)  # AR = 0.5 * 0.5 + 0.5 * 1 = 0.75 <= 0.8 -> g~ = 0.611
+    assert c.ar == pytest.approx(0.75)
+    assert c.gamma == pytest.approx(0.9 * 0.601 + 0.1 * 0.611)  # 0.602
+    c.update(1, 1)  # AR = 0.875 > 0.8 -> g~ = 0.592
+    assert c.gamma == pytest.approx(0.9 * 0.602 + 0.1 * 0.592)  # 0.601
+
+
+def test_adaptive_threshold_reset_option():
+    c = AdaptiveThreshold()
+    c.update(4, 0)
+    c.reset(0)
+    assert c.gamma > 0.6 and c.rounds == 1  # carries over by default (the paper's Figure 5)
+    c = AdaptiveThreshold(reset_per_sequence=True)
+    c.update(4, 0)
+    c.reset(0)
+    assert (c.gamma, c.ar, c.rounds) == (0.6, 0.0, 0)
+
+
+def test_fixed_and_static_threshold():
+    f = FixedK(k=4)
+    assert f.k_max == 4 and simulate_round(f, [0.1]) == 4
+    assert simulate_round(FixedK(k=4, k_max=10), [0.1], budget=2) == 2
+    t = StaticThreshold(gamma=0.6)
+    assert simulate_round(t, [0.9, 0.9, 0.5, 0.9]) == 3  # stops after the first token below gamma
+    assert simulate_round(t, [0.1]) == 1  # every round drafts at least one token
+    for bad in ({"k": 0}, {"k": 12, "k_max": 10}):
+        with pytest.raises(SpecBenchError):
+            FixedK(**bad)
+
+
+# --- behaviour -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ADAPTIVE)
+def test_acceptance_lengthens_drafts(name):
+    long = mean_draft_length(build_controller({"name": name}, seed=1), accept_all=True, rounds=1000)
+    short = mean_draft_length(build_controller({"name": name}, seed=1), accept_all=False, rounds=1000)
+    assert long > 8 and short < 2, (long, short)
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(CONTROLLERS)), k_max=st.integers(1, 12), seed=st.integers(0, 2**31),
+       confidences=st.lists(st.floats(0, 1), min_size=1, max_size=15),
+       accepted=st.lists(st.floats(0, 1), min_size=1, max_size=30), budget=st.integers(1, 20))
+def test_k_max_never_exceeded(name, k_max, seed, confidences, accepted, budget):
+    cfg = {"name": name, "k_max": k_max} | ({"k": k_max} if name == "fixed" else {})
+    ctrl = build_controller(cfg, seed=seed)
+    ctrl.reset(seed)
+    for frac in accepted:
+        n = simulate_round(ctrl, confidences, budget)
+        assert 1 <= n <= min(k_max, budget)
+        ctrl.update(n, math.floor(frac * n))
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+def test_same_seed_same_decisions(name):
+    def run(seed):
+        ctrl = build_controller({"name": name}, seed=seed)
+        out = []
+        for sample in range(3):
+            ctrl.reset(seed + sample)
+            for r in range(30):
+                n = simulate_round(ctrl, [0.9, 0.7, 0.5, 0.95])
+                ctrl.update(n, (r * 7) % (n + 1))
+                out.append(n)
+        return out, ctrl.state()
+
+    assert run(5) == run(5)
+    if name in ("beta_ts", "cali_ts"):
+        assert run(5)[0] != run(6)[0]
+
+
+def _separable(n=512, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    th, dh = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    pos = torch.randint(1, 14, (n,), generator=g)
+    label = (dh[:, 0] + th[:, 1] > 0).float()
+    return th, dh, pos, label
+
+
+def test_predictor_learns_and_round_trips(tmp_path):
+    data = _separable()
+    p = CaliPredictor(d=8)
+    losses = p.train_on(data, epochs=30, lr=0.05, batch_size=64, seed=0)
+    assert losses[-1] < 0.5 * losses[0]
+    th, dh, pos, label = data
+    with torch.no_grad():
+        acc = ((p(th, dh, pos) > 0.5).float() == label).float().mean()
+    assert acc > 0.9
+    p.save(tmp_path / "p.pt")
+    q = CaliPredictor.load(tmp_path / "p.pt")
+    with torch.no_grad():
+        assert torch.equal(p(th, dh, pos), q(th, dh, pos))
+        # any float dtype is cast to the predictor's own
+        assert torch.allclose(q(th.bfloat16(), dh.half(), pos), q(th.bfloat16().float(), dh.half().float(), pos))
+
+
+def test_cali_ts_with_predictor():
+    p = CaliPredictor(d=8)
+    c = CaliTS(predictor=p, seed=0)
+    assert c.needs_hidden and not CaliTS().needs_hidden
+    h = torch.randn(8)
+    c.keep_drafting(DraftInfo(i=12, confidence=0.5, target_hidden=h.bfloat16(), draft_hidden=h))
+    assert c.theta_m == pytest.approx(0.5)  # a fresh predictor says 0.5 (zero W_p)
+    with pytest.raises(SpecBenchError, match="hidden"):
+        c.keep_drafting(DraftInfo(i=1))
+
+
+def test_cali_ts_predictor_from_path(tmp_path):
+    CaliPredictor(d=4).save(tmp_path / "p.pt")
+    c = build_controller({"name": "cali_ts", "predictor": str(tmp_path / "p.pt")})
+    assert isinstance(c.predictor, CaliPredictor) and c.needs_hidden
+
+
+def test_unknown_controller_lists_names():
+    with pytest.raises(SpecBenchError) as e:
+        build_controller({"name": "nope"})
+    for name in ("fixed", "threshold", "adaptive_threshold", "beta_ts", "cali_ts"):
+        assert name in str(e.value)
+
+
+def test_yaml_configs_build(tmp_path):
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "control"
+    for name in sorted(CONTROLLERS):
+        cfg = OmegaConf.load(conf / f"{name}.yaml")
+        assert cfg.name == name and cfg.k_max == 10
+        ctrl = build_controller(cfg, seed=0)
+        assert type(ctrl) is CONTROLLERS[name] and ctrl.k_max == 10
