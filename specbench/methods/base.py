@@ -130,12 +130,17 @@ class SpeculativeMethod(ARMethod):
         self.cache = self.target.new_cache()
         self.controller.reset(self.seed)
         with self.timer.phase("prefill"):
-            logits, hidden = self.target.forward(self.tokens, self.cache, last_only=True)
+            logits, hidden = self.prefill(self.tokens)
             self.target_hidden = hidden[-1]
-            self.prefill_draft(prompt)
             tok = next_token(logits[-1], self.sampling, self.gen)
         self.tokens.append(tok)
         return tok
+
+    def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target logits and hidden state at the prompt's last position; draft state set up."""
+        logits, hidden = self.target.forward(ids, self.cache, last_only=True)
+        self.prefill_draft(ids)
+        return logits, hidden
 
     def prefill_draft(self, prompt: list[int]) -> None:
         """Bring the draft's own state up to the prompt (nothing for draft-free methods)."""

@@ -75,8 +75,9 @@ class ModelAdapter:
 
     # -- pieces ------------------------------------------------------------------------------
     def embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(1, -1)
-        return self.embed_tokens(ids)
+        """[q] or [B, q] token ids -> [1 or B, q, d]."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        return self.embed_tokens(ids if ids.dim() == 2 else ids.view(1, -1))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: [1, q, d] -> logits [1, q, V]."""
@@ -85,7 +86,7 @@ class ModelAdapter:
     def run_layers(
         self,
         hidden: torch.Tensor,
-        cache: KVCache,
+        cache: KVCache | None,
         start: int = 0,
         end: int | None = None,
         positions: torch.Tensor | None = None,
@@ -94,7 +95,8 @@ class ModelAdapter:
         layers: list[nn.Module] | None = None,
         cache_offset: int = 0,
     ) -> torch.Tensor:
-        """Run decoder layers [start, end) over `hidden` ([1, q, d]) appending to `cache`.
+        """Run decoder layers [start, end) over `hidden` ([B, q, d]) appending to `cache`
+        (cache None: no history and nothing stored, as in training).
 
         positions: [q] absolute positions (default: right after what each layer has cached).
         tree_mask: [q, q] bool, True where new token i may attend to new token j (default
@@ -109,7 +111,7 @@ class ModelAdapter:
         masks: dict[int, torch.Tensor | None] = {}
         for k, layer in enumerate(mods):
             idx = first + k
-            past = cache.length(idx)
+            past = cache.length(idx) if cache is not None else 0
             if past not in pos_embs:
                 pos = positions if positions is not None else torch.arange(past, past + q, device=hidden.device)
                 pos_embs[past] = self.rotary_emb(hidden, pos.view(1, -1))

@@ -1,0 +1,1 @@
+"""Training of every trainable part, behind one entry point: python -m specbench.train."""

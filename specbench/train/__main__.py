@@ -1,0 +1,50 @@
+"""python -m specbench.train method=<eesd|vanilla_sd|...> model=<name> [train.max_minutes=..]
+
+Same Hydra configuration as the benchmark (conf/), plus the `train` group. Generates (or reuses)
+the self-distillation data, trains, and caches the checkpoint by model and structure where the
+methods look for it (`checkpoint: auto`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from specbench.cli import CONF_DIR, check_choices, fail
+
+
+def main(argv: list[str]) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from specbench.errors import SpecBenchError
+
+    check_choices(argv)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=argv)
+    try:
+        print(train(cfg))
+    except SpecBenchError as e:
+        fail(str(e))
+
+
+def train(cfg) -> dict:
+    import torch
+
+    from specbench.errors import choice_error
+    from specbench.models import load_model
+    from specbench.train.data import build_sequences
+    from specbench.train.trainers import TRAINERS
+
+    if cfg.method.name not in TRAINERS:
+        raise choice_error("trainable method", cfg.method.name, TRAINERS)
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    torch.set_grad_enabled(False)
+    target = load_model(cfg.model)
+    data_dir = cfg.task.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
+    sequences = build_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
+    return TRAINERS[cfg.method.name](target, cfg, sequences)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

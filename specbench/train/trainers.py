@@ -1,0 +1,232 @@
+"""Trainers for the trainable parts, all on the same self-distillation data.
+
+- `eesd`: the early-exit layer (+ norm, + head if not shared) on frozen first-N layers, then the
+  Cali-TS predictor from draft/target agreement labels on the same data.
+- `vanilla_sd`: the separate draft model (the target's first layers, a copy) distilled on the
+  same data, so vanilla SD on the embedded model has a trained draft as the paper's does.
+
+Each trainer shows a progress bar, writes a loss log next to its checkpoint, and stops at
+`train.max_minutes` or after `train.epochs`, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from specbench.models import ModelAdapter, truncated_copy
+from specbench.train.checkpoints import save_checkpoint
+
+TRAINERS = {}
+
+
+def trainer(name):
+    def deco(fn):
+        TRAINERS[name] = fn
+        return fn
+
+    return deco
+
+
+def _batches(sequences, tcfg, rng):
+    """Mini-batches of whole sequences (lists), truncated to train.max_len tokens."""
+    order = list(range(len(sequences)))
+    rng.shuffle(order)
+    bs = int(tcfg.batch_size)
+    for i in range(0, len(order), bs):
+        yield [sequences[j] for j in order[i : i + bs]]
+
+
+def _pad(batch, max_len, pad_id, device):
+    """ids [B, T] right-padded, labels [B, T] with -100 where no loss (prompt, padding)."""
+    width = min(max_len, max(len(s) for s, _ in batch))
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for b, (seq, start) in enumerate(batch):
+        seq = seq[:width]
+        ids[b, : len(seq)] = torch.tensor(seq)
+        # label at position p is the token at p+1, trained only inside the loss region
+        for p in range(max(0, start - 1), len(seq) - 1):
+            labels[b, p] = seq[p + 1]
+    return ids.to(device), labels.to(device)
+
+
+def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
+    """Shared optimisation loop: AdamW, time budget, progress bar, loss log."""
+    opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
+    rng = random.Random(int(tcfg.seed))
+    deadline = time.monotonic() + 60 * float(tcfg.max_minutes)
+    log, step = [], 0
+    total = int(tcfg.epochs) * ((len(sequences) + int(tcfg.batch_size) - 1) // int(tcfg.batch_size))
+    bar = tqdm(total=total, desc=f"train {name}", unit="batch")
+    stopped = "epochs"
+    with torch.enable_grad():
+        for epoch in range(int(tcfg.epochs)):
+            for batch in _batches(sequences, tcfg, rng):
+                if time.monotonic() > deadline:
+                    stopped = "time"
+                    break
+                ids, labels = _pad(batch, int(tcfg.max_len), pad_id, device)
+                loss = loss_fn(ids, labels)
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                step += 1
+                log.append({"step": step, "epoch": epoch, "loss": float(loss)})
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(loss):.3f}")
+            if stopped == "time":
+                break
+    bar.close()
+    return log, stopped
+
+
+@torch.no_grad()
+def eval_loss(loss_fn, sequences, tcfg, pad_id, device, limit=64) -> float:
+    losses = [float(loss_fn(*_pad([s], int(tcfg.max_len), pad_id, device))) for s in sequences[:limit]]
+    return sum(losses) / max(1, len(losses))
+
+
+def _split(sequences, tcfg):
+    n_eval = max(1, int(len(sequences) * float(tcfg.eval_fraction)))
+    rng = random.Random(int(tcfg.seed) + 1)
+    seqs = list(sequences)
+    rng.shuffle(seqs)
+    return seqs[n_eval:], seqs[:n_eval]
+
+
+def _pad_id(target: ModelAdapter) -> int:
+    return min(target.tokenizer.eos_ids) if target.tokenizer.eos_ids else 0
+
+
+@trainer("eesd")
+def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
+    from specbench.methods.eesd import EarlyExit
+
+    mcfg, tcfg = cfg.method, cfg.train
+    exit_ = EarlyExit(target, int(mcfg.n_layers), mcfg.get("head", "shared")).to(target.device)
+    n = exit_.n_layers
+    train, held = _split(sequences, tcfg)
+
+    def loss_fn(ids, labels):
+        with torch.no_grad():  # the first N layers are frozen: no graph through them
+            h_n = target.run_layers(target.embed(ids), None, 0, n)
+        logits, _ = exit_(target, h_n, None)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+
+    pad = _pad_id(target)
+    before = eval_loss(loss_fn, held, tcfg, pad, target.device)
+    log, stopped = _loop("eesd exit layer", list(exit_.parameters()), loss_fn, train, tcfg, pad, target.device)
+    after = eval_loss(loss_fn, held, tcfg, pad, target.device)
+    agree_before, agree_after = None, None
+    settings = _settings(cfg, len(train), len(held), log, stopped, before, after)
+    path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings)
+    _write_log(path, log, settings)
+    print(f"eesd: held-out loss {before:.3f} -> {after:.3f} ({stopped}); checkpoint {path}")
+    result = {"eesd": str(path), "held_out_loss_before": before, "held_out_loss_after": after}
+    if cfg.train.get("cali", True):
+        result.update(train_cali(target, exit_, cfg, train, held))
+    return result
+
+
+def _settings(cfg, n_train, n_held, log, stopped, before, after) -> dict:
+    from omegaconf import OmegaConf
+
+    return {
+        "train": OmegaConf.to_container(cfg.train, resolve=True),
+        "method": OmegaConf.to_container(cfg.method, resolve=True),
+        "train_sequences": n_train,
+        "held_out_sequences": n_held,
+        "steps": len(log),
+        "stopped_by": stopped,
+        "held_out_loss_before": before,
+        "held_out_loss_after": after,
+    }
+
+
+def _write_log(path, log, settings) -> None:
+    path.with_suffix(".log.json").write_text(json.dumps({"settings": settings, "log": log}, indent=1, default=str))
+
+
+@torch.no_grad()
+def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: int, seed: int):
+    """(H^T_t, H^D_(t+i-1), i, label) where label = the draft's greedy token at t+i-1 equals the
+    target's: the runtime pairing (H^T at the position predicting the first draft token, H^D at
+    the position predicting draft token i) on teacher-forced self-generated text."""
+    rng = random.Random(seed)
+    th, dh, ii, lab = [], [], [], []
+    n = exit_.n_layers
+    for seq, start in tqdm(sequences, desc="cali-ts labels", unit="seq"):
+        ids = torch.tensor([seq], device=target.device)
+        h_n = target.run_layers(target.embed(ids), None, 0, n)
+        d_logits, d_hidden = exit_(target, h_n, None)
+        t_hidden = target.norm(target.run_layers(h_n, None, n))
+        t_tok = target.lm_head(t_hidden).argmax(-1)[0]
+        d_tok = d_logits.argmax(-1)[0]
+        T = len(seq)
+        for _ in range(per_seq):
+            t = rng.randrange(max(0, start - 1), T - 1)
+            i = rng.randint(1, max_i)
+            if t + i - 1 >= T:
+                continue
+            th.append(t_hidden[0, t])
+            dh.append(d_hidden[0, t + i - 1])
+            ii.append(i)
+            lab.append(float(d_tok[t + i - 1] == t_tok[t + i - 1]))
+    return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
+
+
+def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
+    from specbench.control.cali_ts import CaliPredictor
+
+    ccfg = cfg.train.cali_predictor
+    exit_.eval()
+    ex = cali_examples(target, exit_, train, int(ccfg.max_i), int(ccfg.pairs_per_sequence), int(cfg.train.seed))
+    hx = cali_examples(target, exit_, held, int(ccfg.max_i), int(ccfg.pairs_per_sequence), int(cfg.train.seed) + 1)
+    pred = CaliPredictor(target.hidden_size, int(ccfg.max_i))
+    with torch.enable_grad():
+        losses = pred.train_on(ex, epochs=int(ccfg.epochs), lr=float(ccfg.lr), batch_size=int(ccfg.batch_size),
+                               seed=int(cfg.train.seed))
+    with torch.no_grad():
+        p = pred(hx[0], hx[1], hx[2])
+        acc = float(((p > 0.5).float() == hx[3]).float().mean())
+        base = float(hx[3].mean())
+    settings = {"max_i": int(ccfg.max_i), "examples": len(ex[3]), "positive_rate": float(ex[3].mean()),
+                "losses": losses, "held_out_accuracy": acc, "held_out_positive_rate": base}
+    path = save_checkpoint("cali", target.key, exit_.structure(), pred.state_dict(), settings)
+    print(f"cali-ts predictor: {len(ex[3])} examples, held-out accuracy {acc:.3f} (majority baseline {max(base, 1 - base):.3f}); {path}")
+    return {"cali": str(path), "cali_held_out_accuracy": acc}
+
+
+@trainer("vanilla_sd")
+def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
+    dcfg, tcfg = cfg.method.draft, cfg.train
+    n = int(dcfg.num_layers)
+    draft = truncated_copy(target, n)
+    # embeddings and head stay frozen (tied, the target's): the layers and final norm learn
+    trainable = [p for name, p in draft.model.named_parameters() if ".layers." in name or name.endswith("norm.weight")]
+    for p in trainable:
+        p.requires_grad_(True)
+    train, held = _split(sequences, tcfg)
+
+    def loss_fn(ids, labels):
+        h = draft.run_layers(draft.embed(ids), None)
+        logits = draft.head(h)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+
+    pad = _pad_id(target)
+    before = eval_loss(loss_fn, held, tcfg, pad, target.device)
+    log, stopped = _loop("vanilla draft", trainable, loss_fn, train, tcfg, pad, target.device)
+    after = eval_loss(loss_fn, held, tcfg, pad, target.device)
+    state = {k: v for k, v in draft.model.state_dict().items() if ".layers." in k or k.endswith("norm.weight")}
+    settings = _settings(cfg, len(train), len(held), log, stopped, before, after)
+    path = save_checkpoint("vanilla_draft", target.key, {"n_layers": n}, state, settings)
+    _write_log(path, log, settings)
+    print(f"vanilla draft: held-out loss {before:.3f} -> {after:.3f} ({stopped}); checkpoint {path}")
+    return {"vanilla_draft": str(path), "held_out_loss_before": before, "held_out_loss_after": after}

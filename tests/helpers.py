@@ -1,0 +1,97 @@
+"""Shared helpers for tests on tiny random models (CPU, float64, byte tokenizer).
+
+`tiny_model(**overrides)` builds (once per distinct config) a tiny-llama adapter exactly as
+`model=tiny-llama` does; `method_cfg(...)` builds a method config; `build(...)` a method with a
+control dict passed the way the runner passes it (ctx={"control": ...}).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specbench.engine.sampling import SamplingConfig
+from specbench.methods import build_method
+from specbench.models import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+# conf/model/tiny-llama.yaml
+TINY = {
+    "name": "tiny-llama",
+    "loader": "tiny",
+    "seed": 0,
+    "num_layers": 4,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "init_std": 0.3,
+    "dtype": "float64",
+    "device": "cpu",
+}
+
+GREEDY = SamplingConfig()
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny(frozen: str):
+    return load_model(OmegaConf.create(json.loads(frozen)))
+
+
+def tiny_model(**overrides):
+    """A tiny-llama adapter (cached per config: treat it as read-only)."""
+    return _tiny(json.dumps(TINY | overrides, sort_keys=True))
+
+
+def control(name: str = "fixed", k: int = 4, **kw) -> dict:
+    """A control dict (conf/control/<name>.yaml keys) capped at k."""
+    if name == "fixed":
+        return {"name": "fixed", "k": k, "k_max": k, **kw}
+    return {"name": name, "k_max": k, **kw}
+
+
+def method_cfg(name: str = "vanilla_sd", **kw):
+    """A method config like conf/method/<name>.yaml, the draft untrained (checkpoint null)."""
+    cfg: dict = {"name": name}
+    if name in ("vanilla_sd", "hf_assisted"):
+        draft = {"source": "truncate", "num_layers": 1, "checkpoint": None}
+        draft.update(kw.pop("draft", {}))
+        cfg["draft"] = draft
+    if name == "pld":
+        cfg.update(max_ngram=3, min_ngram=1)
+    cfg.update(kw)
+    return OmegaConf.create(cfg)
+
+
+def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl: dict | None = None):
+    cfg = cfg if cfg is not None else method_cfg(name)
+    ctx = {"control": ctrl} if ctrl is not None else None
+    return build_method(name, target, cfg, sampling, ctx)
+
+
+def ar_tokens(target, prompt, max_new, eos_ids=frozenset(), seed=0, sampling: SamplingConfig = GREEDY) -> list[int]:
+    return build("ar", target, method_cfg("ar"), sampling).generate(prompt, max_new, eos_ids, seed).tokens
+
+
+def run_cli(args: list[str], data_dir, timeout: int = 300, **env_extra) -> subprocess.CompletedProcess:
+    """`python -m specbench ARGS` from the repo root (conf is found relative to the package)."""
+    env = dict(os.environ, SPECBENCH_DATA_DIR=str(data_dir), **env_extra)
+    return subprocess.run(
+        [sys.executable, "-m", "specbench", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start_cli(args: list[str], data_dir, **env_extra) -> subprocess.Popen:
+    """Like run_cli, without waiting (several CLI runs can overlap)."""
+    env = dict(os.environ, SPECBENCH_DATA_DIR=str(data_dir), **env_extra)
+    return subprocess.Popen(
+        [sys.executable, "-m", "specbench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
