@@ -20,7 +20,7 @@ test:
 	$(PY) -m pytest tests
 
 bench:
-	$(PY) bench/bench_core.py
+	$(PY) bench/bench.py --suite core
 
 clean:
 	rm -rf results/runs results/multirun .pytest_cache

@@ -267,7 +267,9 @@ def print_summary(s: dict, meta: dict) -> str:
     return text
 
 
-def run(cfg: DictConfig) -> dict:
+def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
+    """One benchmark run. `target`: an already loaded model for cfg.model (benchmarks that run
+    several methods load it once)."""
     torch.set_grad_enabled(False)
     if int(cfg.max_new_tokens) < 1:
         raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
@@ -276,7 +278,7 @@ def run(cfg: DictConfig) -> dict:
     task = build_task(cfg.task)
     samples = task.load()
     run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)))
-    target = load_model(cfg.model)
+    target = target or load_model(cfg.model)
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     ctx = {"control": cfg.get("control"), "cfg": cfg}
     method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)

@@ -114,3 +114,29 @@ def generate(target: ModelAdapter, prompts: list[list[int]], dcfg, seed: int) ->
                 out.append((p + new, len(p)))
         bar.set_postfix(sequences=len(out))
     return out
+
+
+@torch.no_grad()
+def teacher_labels(target: ModelAdapter, sequences: list[tuple[list[int], int]], batch_size: int = 4) -> list[list[int]]:
+    """The target's own greedy next-token choice at every position of every sequence.
+
+    Training a draft on these labels (`train.labels: target`) distils exactly what greedy
+    speculative decoding has to match, on any text, at the cost of one batched forward per
+    sequence; generating the same number of tokens costs one forward per token. Cached on disk
+    next to the sequences."""
+    desc = hashlib.sha1(json.dumps([target.key, [s for s, _ in sequences]]).encode()).hexdigest()[:12]
+    path = cache_dir() / "distill" / f"{target.key}-labels-{desc}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    labels: list[list[int]] = []
+    for i in tqdm(range(0, len(sequences), batch_size), desc="teacher labels", unit="batch"):
+        batch = [s for s, _ in sequences[i : i + batch_size]]
+        width = max(len(s) for s in batch)
+        # right padding: causal attention keeps the real positions unaffected
+        ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in batch], device=target.device)
+        h = target.norm(target.run_layers(target.embed(ids), None))
+        choice = torch.cat([target.lm_head(h[:, j : j + 128]).argmax(-1) for j in range(0, width, 128)], 1)
+        labels += [choice[b, : len(s)].tolist() for b, s in enumerate(batch)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(labels, path)
+    return labels

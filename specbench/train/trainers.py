@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.train.checkpoints import save_checkpoint
 
@@ -43,16 +44,21 @@ def _batches(sequences, tcfg, rng):
 
 
 def _pad(batch, max_len, pad_id, device):
-    """ids [B, T] right-padded, labels [B, T] with -100 where no loss (prompt, padding)."""
-    width = min(max_len, max(len(s) for s, _ in batch))
+    """ids [B, T] right-padded, labels [B, T] with -100 where no loss (prompt, padding).
+
+    A sequence is (ids, loss_start) or (ids, loss_start, teacher): with teacher labels (the
+    target's own greedy choice per position) the label at p is teacher[p], else the text's
+    token at p+1."""
+    width = min(max_len, max(len(s[0]) for s in batch))
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for b, (seq, start) in enumerate(batch):
-        seq = seq[:width]
+    for b, item in enumerate(batch):
+        seq, start = item[0][:width], item[1]
         ids[b, : len(seq)] = torch.tensor(seq)
-        # label at position p is the token at p+1, trained only inside the loss region
-        for p in range(max(0, start - 1), len(seq) - 1):
-            labels[b, p] = seq[p + 1]
+        lo = max(0, start - 1)
+        if len(seq) - 1 > lo:
+            src = item[2][lo : len(seq) - 1] if len(item) > 2 else seq[lo + 1 :]
+            labels[b, lo : len(seq) - 1] = torch.tensor(src)
     return ids.to(device), labels.to(device)
 
 
@@ -72,15 +78,15 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
                     stopped = "time"
                     break
                 ids, labels = _pad(batch, int(tcfg.max_len), pad_id, device)
-                loss = loss_fn(ids, labels)
+                loss, _ = loss_fn(ids, labels)
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 step += 1
-                log.append({"step": step, "epoch": epoch, "loss": float(loss)})
+                log.append({"step": step, "epoch": epoch, "loss": loss.item()})
                 bar.update(1)
-                bar.set_postfix(loss=f"{float(loss):.3f}")
+                bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
             if stopped == "time":
                 break
     bar.close()
@@ -88,9 +94,34 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
 
 
 @torch.no_grad()
-def eval_loss(loss_fn, sequences, tcfg, pad_id, device, limit=64) -> float:
-    losses = [float(loss_fn(*_pad([s], int(tcfg.max_len), pad_id, device))) for s in sequences[:limit]]
-    return sum(losses) / max(1, len(losses))
+def eval_loss(loss_fn, sequences, tcfg, pad_id, device, limit=64) -> tuple[float, float]:
+    """Mean held-out loss and top-1 agreement with the labels (what acceptance depends on)."""
+    losses, right, total = [], 0, 0
+    for s in sequences[:limit]:
+        loss, (r, t) = loss_fn(*_pad([s], int(tcfg.max_len), pad_id, device))
+        losses.append(float(loss))
+        right, total = right + r, total + t
+    return sum(losses) / max(1, len(losses)), right / max(1, total)
+
+
+def _ce(logits, labels):
+    """Cross-entropy and (correct, counted) top-1 agreement on labelled positions."""
+    flat, lab = logits.flatten(0, 1).float(), labels.flatten()
+    keep = lab != -100
+    right = int((flat[keep].argmax(-1) == lab[keep]).sum()) if keep.any() else 0
+    return F.cross_entropy(flat, lab, ignore_index=-100), (right, int(keep.sum()))
+
+
+def with_labels(target: ModelAdapter, sequences, tcfg):
+    """Attach the target's greedy labels when train.labels is `target` (see data.teacher_labels)."""
+    mode = tcfg.get("labels", "text")
+    if mode == "text":
+        return sequences
+    if mode != "target":
+        raise SpecBenchError(f"unknown train.labels {mode!r}; allowed: target, text")
+    from specbench.train.data import teacher_labels
+
+    return [(s, st, lab) for (s, st), lab in zip(sequences, teacher_labels(target, sequences))]
 
 
 def _split(sequences, tcfg):
@@ -112,13 +143,13 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     mcfg, tcfg = cfg.method, cfg.train
     exit_ = EarlyExit(target, int(mcfg.n_layers), mcfg.get("head", "shared")).to(target.device)
     n = exit_.n_layers
-    train, held = _split(sequences, tcfg)
+    train, held = _split(with_labels(target, sequences, tcfg), tcfg)
 
     def loss_fn(ids, labels):
         with torch.no_grad():  # the first N layers are frozen: no graph through them
             h_n = target.run_layers(target.embed(ids), None, 0, n)
         logits, _ = exit_(target, h_n, None)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return _ce(logits, labels)
 
     pad = _pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
@@ -128,8 +159,8 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     settings = _settings(cfg, len(train), len(held), log, stopped, before, after)
     path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings)
     _write_log(path, log, settings)
-    print(f"eesd: held-out loss {before:.3f} -> {after:.3f} ({stopped}); checkpoint {path}")
-    result = {"eesd": str(path), "held_out_loss_before": before, "held_out_loss_after": after}
+    print(f"eesd: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} ({stopped}); {path}")
+    result = {"eesd": str(path), "held_out_loss": [before[0], after[0]], "held_out_agreement": [before[1], after[1]]}
     if cfg.train.get("cali", True):
         result.update(train_cali(target, exit_, cfg, train, held))
     return result
@@ -145,8 +176,10 @@ def _settings(cfg, n_train, n_held, log, stopped, before, after) -> dict:
         "held_out_sequences": n_held,
         "steps": len(log),
         "stopped_by": stopped,
-        "held_out_loss_before": before,
-        "held_out_loss_after": after,
+        "held_out_loss_before": before[0],
+        "held_out_loss_after": after[0],
+        "held_out_agreement_before": before[1],
+        "held_out_agreement_after": after[1],
     }
 
 
@@ -162,7 +195,7 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
     rng = random.Random(seed)
     th, dh, ii, lab = [], [], [], []
     n = exit_.n_layers
-    for seq, start in tqdm(sequences, desc="cali-ts labels", unit="seq"):
+    for seq, start, *_ in tqdm(sequences, desc="cali-ts labels", unit="seq"):
         ids = torch.tensor([seq], device=target.device)
         h_n = target.run_layers(target.embed(ids), None, 0, n)
         d_logits, d_hidden = exit_(target, h_n, None)
@@ -213,12 +246,11 @@ def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
     trainable = [p for name, p in draft.model.named_parameters() if ".layers." in name or name.endswith("norm.weight")]
     for p in trainable:
         p.requires_grad_(True)
-    train, held = _split(sequences, tcfg)
+    train, held = _split(with_labels(target, sequences, tcfg), tcfg)
 
     def loss_fn(ids, labels):
         h = draft.run_layers(draft.embed(ids), None)
-        logits = draft.head(h)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return _ce(draft.head(h), labels)
 
     pad = _pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
@@ -228,5 +260,5 @@ def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
     settings = _settings(cfg, len(train), len(held), log, stopped, before, after)
     path = save_checkpoint("vanilla_draft", target.key, {"n_layers": n}, state, settings)
     _write_log(path, log, settings)
-    print(f"vanilla draft: held-out loss {before:.3f} -> {after:.3f} ({stopped}); checkpoint {path}")
-    return {"vanilla_draft": str(path), "held_out_loss_before": before, "held_out_loss_after": after}
+    print(f"vanilla draft: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} ({stopped}); {path}")
+    return {"vanilla_draft": str(path), "held_out_loss": [before[0], after[0]], "held_out_agreement": [before[1], after[1]]}

@@ -1,0 +1,138 @@
+"""Benchmark suites on the embedded model: one process, one model load, every figure measured.
+
+    python bench/bench.py --suite core        # issue: AR, vanilla SD, PLD, hf_assisted
+    python bench/bench.py --suite selfdraft   # Self-SD and EESD with fixed K, Beta-TS, Cali-TS
+
+Each configuration is a normal specbench run (AR interleaved with the method on the same
+samples, in this process); its speedup is a ratio inside that run. Results land in
+results/bench/<suite>/<task>/<run_name>/ (resumable) and the printed table is also written to
+results/bench/<suite>.md together with the command, machine and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SUITES = {
+    "core": {
+        "tasks": ["gsm8k"],
+        "runs": [
+            ("vanilla_sd-fixed10", ["method=vanilla_sd", "control=fixed", "control.k=10"]),
+            ("vanilla_sd-fixed3", ["method=vanilla_sd", "control=fixed", "control.k=3"]),
+            ("pld-fixed10", ["method=pld", "control=fixed", "control.k=10"]),
+            ("hf_assisted-assistant10", ["method=hf_assisted", "method.mode=assistant", "method.k=10"]),
+            ("hf_assisted-assistant3", ["method=hf_assisted", "method.mode=assistant", "method.k=3"]),
+            ("hf_assisted-pld10", ["method=hf_assisted", "method.mode=prompt_lookup", "method.k=10"]),
+        ],
+    },
+    "selfdraft": {
+        "tasks": ["gsm8k", "xsum"],
+        "runs": [
+            ("self_sd-fixed4", ["method=self_sd", "control=fixed", "control.k=4"]),
+            ("self_sd-adaptive", ["method=self_sd", "control=adaptive_threshold"]),
+            ("eesd-fixed4", ["method=eesd", "control=fixed", "control.k=4"]),
+            ("eesd-fixed10", ["method=eesd", "control=fixed", "control.k=10"]),
+            ("eesd-beta_ts", ["method=eesd", "control=beta_ts"]),
+            ("eesd-cali_ts", ["method=eesd", "control=cali_ts"]),
+        ],
+    },
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=sorted(SUITES), default="core")
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--only", nargs="*", help="run names to run (default: all)")
+    ap.add_argument("--tasks", nargs="*", help="override the suite's tasks")
+    ap.add_argument("--out", default=str(REPO / "results" / "bench"))
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = ap.parse_args()
+
+    from hydra import compose, initialize_config_dir
+
+    from specbench.cli import CONF_DIR
+    from specbench.models import load_model
+    from specbench.runner import run
+
+    suite = SUITES[args.suite]
+    out = Path(args.out)
+    base = [f"task.num_samples={args.samples}", f"max_new_tokens={args.max_new_tokens}", "progress=true"] + args.overrides
+    rows, target = [], None
+    for task in args.tasks or suite["tasks"]:
+        for name, overrides in suite["runs"]:
+            if args.only and name not in args.only:
+                continue
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose("config", overrides=[f"task={task}", *overrides, *base, f"run_dir={out}/{args.suite}/{task}/{name}"])
+            if target is None:
+                torch.set_grad_enabled(False)
+                target = load_model(cfg.model)
+            try:
+                s = run(cfg, target)
+            except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
+                print(f"!! {task}/{name} failed: {type(e).__name__}: {e}")
+                rows.append({"task": task, "run": name, "error": f"{type(e).__name__}: {e}"})
+                continue
+            acc = s.get("acceptance") or {}
+            m, ar = s["method"], s["ar"]
+            rows.append({
+                "task": task, "run": name, "samples": s["samples"], "ar_tok_s": ar["tokens_per_s"],
+                "tok_s": m["tokens_per_s"], "speedup": s["speedup"], "predicted": s.get("predicted_speedup"),
+                "v_d": acc.get("v_d"), "r_d": acc.get("r_d"), "hm": acc.get("hm"), "tau": acc.get("tau"),
+                "same_as_ar": f"{s['matches_ar']}/{s['samples']}",
+                "draft%": 100 * m["time_share"].get("draft", 0), "verify%": 100 * m["time_share"].get("verify", 0),
+                "control%": 100 * m["time_share"].get("control", 0), "other%": 100 * m["time_share"].get("other", 0),
+                "prefill%": 100 * m["time_share"].get("prefill", 0),
+                "settings": s["meta"]["method_settings"],
+            })
+    table = format_table(rows)
+    meta = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
+    }
+    import transformers
+
+    meta["transformers"] = transformers.__version__
+    text = "\n".join([f"# bench suite `{args.suite}`", "", *(f"- {k}: {v}" for k, v in meta.items()), "", table, ""])
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.suite}.md").write_text(text)
+    (out / f"{args.suite}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+
+
+def _f(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def format_table(rows) -> str:
+    head = "| task | run | n | AR tok/s | tok/s | speedup | predicted | v_d | r_d | HM | tau | =AR | draft% | verify% | control% | other% | prefill% |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['task']} | {r['run']} | failed: {r['error'][:80]} |")
+            continue
+        lines.append(
+            f"| {r['task']} | {r['run']} | {r['samples']} | {_f(r['ar_tok_s'], '.2f')} | {_f(r['tok_s'], '.2f')} | "
+            f"{_f(r['speedup'], '.3f')} | {_f(r['predicted'], '.3f')} | {_f(r['v_d'], '.3f')} | {_f(r['r_d'], '.3f')} | "
+            f"{_f(r['hm'], '.2f')} | {_f(r['tau'], '.2f')} | {r['same_as_ar']} | {r['draft%']:.1f} | {r['verify%']:.1f} | "
+            f"{r['control%']:.1f} | {r['other%']:.2f} | {r['prefill%']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
