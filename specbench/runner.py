@@ -177,7 +177,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
     return rec
 
 
-def aggregate(records: list[dict], costs: dict[int, float] | None) -> dict:
+def aggregate(records: list[dict], costs: dict[int, float] | None, per_category: bool = True) -> dict:
     """Pooled figures over samples: ratios of sums (the papers' way), plus per-sample spreads."""
     if not records:
         return {"samples": 0}
@@ -218,11 +218,11 @@ def aggregate(records: list[dict], costs: dict[int, float] | None) -> dict:
             out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs)
             out["alpha"] = draft_cost / costs[1]
             out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
-    cats = sorted({r["category"] for r in records if r.get("category")})
+    cats = sorted({r["category"] for r in records if r.get("category")}) if per_category else []
     if cats:
-        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None) for c in cats}
+        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, False) for c in cats}
         for c in cats:
-            for k in ("per_category", "pos_drafted", "pos_accepted"):
+            for k in ("pos_drafted", "pos_accepted"):
                 out["per_category"][c].pop(k, None)
     return out
 
