@@ -156,9 +156,14 @@ def summarize_system(gens: list[Generation]) -> dict:
     return rec
 
 
-def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tokenizer, cfg, costs) -> dict:
+def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tokenizer, cfg, costs,
+               base: Method | None = None) -> dict:
+    """`base`: AR on the original weights, for methods that change them (SPACE): its quality
+    shows what the fine-tuning cost; it takes no part in speedup or losslessness."""
     seed = int(cfg.seed) + index
     order = [("ar", ar), ("method", method)] if index % 2 == 0 else [("method", method), ("ar", ar)]
+    if base is not None:
+        order.append(("base", base))
     results = {}
     for key, m in order:
         gens, replies = run_generation(m, sample, tokenizer, int(cfg.max_new_tokens), seed)
@@ -169,6 +174,8 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         results[key] = rec
     a, m = results["ar"], results["method"]
     rec = {"id": sample.id, "index": index, "category": sample.category, "ar": a, "method": m}
+    if "base" in results:
+        rec["base"] = {k: results["base"][k] for k in ("new_tokens", "wall", "tokens_per_s", "quality", "text")}
     rec["matches_ar"] = a["tokens"] == m["tokens"]
     rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
     if costs and m.get("acceptance"):
@@ -182,12 +189,14 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
     if not records:
         return {"samples": 0}
     out: dict = {"samples": len(records)}
-    for key in ("ar", "method"):
+    for key in ("ar", "method", "base"):
+        if key == "base" and not all("base" in r for r in records):
+            continue
         tok = sum(r[key]["new_tokens"] for r in records)
         wall = sum(r[key]["wall"] for r in records)
         times: dict[str, float] = {}
         for r in records:
-            for k, v in r[key]["times"].items():
+            for k, v in r[key].get("times", {}).items():
                 times[k] = times.get(k, 0.0) + v
         q: dict[str, list[float]] = {}
         for r in records:
@@ -242,7 +251,8 @@ def print_summary(s: dict, meta: dict) -> str:
     if s["samples"]:
         ar, m = s["ar"], s["method"]
         lines.append(f"{'':10}{'tokens':>8}{'wall s':>9}{'tok/s':>8}   quality")
-        for name, d in (("AR", ar), (meta["method"], m)):
+        systems = [("AR", ar), (meta["method"], m)] + ([("AR base", s["base"])] if "base" in s else [])
+        for name, d in systems:
             qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
             lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
         lines.append(
@@ -282,13 +292,16 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     ctx = {"control": cfg.get("control"), "cfg": cfg}
     method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)
-    ar = build_method("ar", target, cfg.method, sampling, ctx)
+    # SPACE changes the weights: its lossless reference is AR on the fine-tuned model
+    ar_target = method.finetuned_adapter if getattr(method, "baseline_weights", None) == "fine-tuned" else target
+    ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
     meta = {
         "method": cfg.method.name,
         "controller": getattr(getattr(method, "controller", None), "name", None),
         "task": cfg.task.name,
         "model": cfg.model.name,
-        "model_key": getattr(target, "key", None),
+        "model_key": getattr(ar_target, "key", None),
+        "baseline_weights": getattr(method, "baseline_weights", "base"),
         "dtype": str(target.dtype).replace("torch.", ""),
         "device": str(target.device),
         "lossless": method.lossless,
@@ -309,15 +322,16 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         for m in (ar, method):
             m.generate(prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids, 0)
         if cfg.profile.enabled:
-            costs = profile_forward(target, list(cfg.profile.ks), int(cfg.profile.context), int(cfg.profile.reps))
+            costs = profile_forward(ar_target, list(cfg.profile.ks), int(cfg.profile.context), int(cfg.profile.reps))
             (run_dir.path / "forward_costs.json").write_text(json.dumps(costs))
     elif (run_dir.path / "forward_costs.json").exists():
         costs = {int(k): v for k, v in json.loads((run_dir.path / "forward_costs.json").read_text()).items()}
     meta["forward_costs"] = costs
 
+    base_ar = build_method("ar", target, cfg.method, sampling, ctx) if ar_target is not target else None
     bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
     for index, sample in bar:
-        rec = run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs)
+        rec = run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar)
         run_dir.append(rec)
         bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
     done = run_dir.done()

@@ -33,6 +33,7 @@ def train(cfg) -> dict:
     from specbench.errors import choice_error
     from specbench.models import load_model
     from specbench.train.data import build_sequences
+    import specbench.train.medusa_space  # noqa: F401 - registers the medusa and space trainers
     from specbench.train.trainers import TRAINERS
 
     if cfg.method.name not in TRAINERS:

@@ -1,0 +1,238 @@
+"""Token trees and group layouts for one-forward multi-candidate verification.
+
+`TokenTree` (Medusa, section 3.1.2): node 0 is the root, the pending token (already chosen by the
+target); every other node is a path of child ranks, e.g. (0, 1) = "rank-1 prediction of head 2
+after the rank-0 prediction of head 1" (Medusa's sparse-tree "choices" format). Nodes are
+ordered by depth, then lexicographically, as in Medusa's code. A forward over the node tokens
+with `tree.mask` (each node sees itself and its ancestors, cached tokens always visible) and
+positions `cache_length + tree.depths` gives every node the logits of a causal forward over its
+own path (tests/test_tree.py checks this).
+
+`space_layout(k)` (SPACE, eqs. 5-7): the interleaved input [x..., M*k, c1, M*k, ..., ck, M*k],
+its attention mask (eq. 6) and position offsets (eq. 7).
+
+Verification: `verify_tree_greedy` (longest path whose tokens equal the target's argmax) and
+`verify_tree_sampling`, lossless multi-candidate rejection sampling (SpecInfer-style with
+deterministic drafts, q = one-hot): at a node, the children are tried in order; child token x is
+accepted with probability p'(x), where p' starts as the target's processed distribution at the
+node and after each rejected child x becomes norm(max(0, p' - onehot(x))) = p' with x removed;
+if every child is rejected, the next token is drawn from the final residual. For one-hot drafts
+this is sampling without replacement, so the committed token at each depth follows p exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench.engine.sampling import SamplingConfig, probs, sample
+
+
+@dataclass
+class TokenTree:
+    paths: list[tuple[int, ...]]  # node i's path (node 0: the root, ())
+    parents: list[int] = field(init=False)
+    depths: torch.Tensor = field(init=False)  # [n] long: position offset of each node
+    mask: torch.Tensor = field(init=False)  # [n, n] bool: node i sees node j (ancestor or self)
+    children: list[list[int]] = field(init=False)  # node -> child nodes in rank order
+    retrieve: list[list[int]] = field(init=False)  # root-to-leaf node paths, one per leaf
+
+    def __post_init__(self):
+        paths = [tuple(int(c) for c in p) for p in self.paths]
+        index = {p: i for i, p in enumerate(paths)}
+        if not paths or paths[0] != ():
+            raise ValueError("node 0 must be the root ()")
+        if len(index) != len(paths):
+            raise ValueError("duplicate paths in tree")
+        n = len(paths)
+        self.paths = paths
+        self.parents = [-1] + [0] * (n - 1)
+        for i, p in enumerate(paths[1:], 1):
+            if p[:-1] not in index:
+                raise ValueError(f"tree path {p} has no parent {p[:-1]} (every prefix of a path must be a node)")
+            self.parents[i] = index[p[:-1]]
+            if self.parents[i] >= i:
+                raise ValueError("nodes must come after their parents")
+        self.depths = torch.tensor([len(p) for p in paths], dtype=torch.long)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            j = i
+            while j >= 0:
+                mask[i, j] = True
+                j = self.parents[j]
+        self.mask = mask
+        self.children = [[] for _ in range(n)]
+        for i in range(1, n):
+            self.children[self.parents[i]].append(i)
+        for c in self.children:
+            c.sort(key=lambda j: paths[j][-1])
+        self.retrieve = []
+        for i in range(n):
+            if not self.children[i]:
+                path, j = [], i
+                while j >= 0:
+                    path.append(j)
+                    j = self.parents[j]
+                self.retrieve.append(path[::-1])
+
+    # -- constructors ------------------------------------------------------------------------
+    @classmethod
+    def from_paths(cls, paths) -> "TokenTree":
+        """Medusa's choices format, root implicit: [(0,), (1,), (0, 0), ...] (lists work too)."""
+        ps = sorted({tuple(int(c) for c in p) for p in paths if len(p)}, key=lambda p: (len(p), p))
+        return cls([()] + ps)
+
+    @classmethod
+    def cartesian(cls, sizes) -> "TokenTree":
+        """Dense tree: top-s_k of head k after every node of depth k-1 (Medusa fig. 2)."""
+        paths, level = [], [()]
+        for s in sizes:
+            level = [p + (r,) for p in level for r in range(int(s))]
+            paths += level
+        return cls.from_paths(paths)
+
+    @classmethod
+    def chain(cls, depth: int) -> "TokenTree":
+        return cls.cartesian([1] * depth)
+
+    @classmethod
+    def from_accuracies(cls, acc, n_nodes: int) -> "TokenTree":
+        """Sparse tree (Medusa 3.3.3) of n_nodes candidate nodes (root not counted), added one
+        at a time by largest expected contribution to the accepted length: a node's value is
+        the product of acc[depth-1][rank] along its path. acc[h][r]: accuracy of head h+1's
+        rank-r prediction. Accuracies <= 1 make a child never better than its parent, so the
+        greedy choice is always a valid (prefix-closed) tree."""
+        acc = [[float(a) for a in row] for row in acc]
+        chosen: list[tuple[int, ...]] = []
+        heap = [(-acc[0][r], (r,)) for r in range(len(acc[0]))] if acc else []
+        heapq.heapify(heap)
+        while heap and len(chosen) < n_nodes:
+            neg, p = heapq.heappop(heap)
+            chosen.append(p)
+            if len(p) < len(acc):
+                for r in range(len(acc[len(p)])):
+                    heapq.heappush(heap, (neg * acc[len(p)][r], p + (r,)))
+        return cls.from_paths(chosen)
+
+    # -- facts -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    def expected_length(self, acc) -> float:
+        """Expected accepted candidate tokens per step under independent head accuracies."""
+        total = 0.0
+        for p in self.paths[1:]:
+            v = 1.0
+            for d, r in enumerate(p):
+                v *= acc[d][r] if d < len(acc) and r < len(acc[d]) else 0.0
+            total += v
+        return total
+
+    def node_tokens(self, root: int, ranked: list[list[int]]) -> list[int]:
+        """Tokens of every node: root, then ranked[depth-1][rank] (Medusa: head d's top-r)."""
+        return [root] + [int(ranked[len(p) - 1][p[-1]]) for p in self.paths[1:]]
+
+
+# -- verification ---------------------------------------------------------------------------
+def verify_tree_greedy(tree: TokenTree, node_tokens: list[int], logits: torch.Tensor) -> tuple[list[int], int]:
+    """logits[i]: the target's logits at node i. Returns (accepted node path starting with the
+    root, next token = the target's argmax after the path's last node)."""
+    choice = logits.argmax(-1).tolist()
+    path = [0]
+    while True:
+        want = choice[path[-1]]
+        nxt = next((c for c in tree.children[path[-1]] if node_tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+
+
+def verify_tree_sampling(tree: TokenTree, node_tokens: list[int], logits: torch.Tensor, cfg: SamplingConfig,
+                         generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Lossless multi-candidate rejection sampling with one-hot drafts (see module doc)."""
+    if cfg.greedy:
+        return verify_tree_greedy(tree, node_tokens, logits)
+    path = [0]
+    while True:
+        node = path[-1]
+        p = probs(logits[node], cfg).cpu().double()
+        accepted = None
+        for c in tree.children[node]:
+            x = node_tokens[c]
+            px = float(p[x])
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if px > 0 and u < px:
+                accepted = c
+                break
+            p[x] = 0.0  # residual norm(max(0, p - onehot(x)))
+            total = float(p.sum())
+            if total <= 0:
+                break
+            p = p / total
+        if accepted is None:
+            return path, sample(p / p.sum(), generator)
+        path.append(accepted)
+
+
+def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.Tensor, temperature: float,
+                        epsilon: float, delta: float) -> tuple[list[int], int]:
+    """Medusa typical acceptance (3.3.1), lossy: a node's token is accepted if
+    p(x) > min(epsilon, delta * exp(-H(p))) with p = softmax(logits / T) of its parent (T = 1
+    when decoding greedily); the longest accepted path wins (ties: lower ranks first); the
+    token after it is the target's greedy choice."""
+    t = temperature if temperature > 0 else 1.0
+    p = torch.softmax(logits.double() / t, -1)
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    thresh = torch.minimum(torch.full_like(ent, float(epsilon)), float(delta) * torch.exp(-ent))
+    ok = [False] * len(tree)
+    ok[0] = True
+    best = [0]
+    for i in range(1, len(tree)):
+        par = tree.parents[i]
+        ok[i] = ok[par] and bool(p[par, node_tokens[i]] > thresh[par])
+    for leaf_path in tree.retrieve:
+        acc = []
+        for j in leaf_path:
+            if not ok[j]:
+                break
+            acc.append(j)
+        if len(acc) > len(best):
+            best = acc
+    return best, int(logits[best[-1]].argmax())
+
+
+# -- SPACE -----------------------------------------------------------------------------------
+def space_layout(k: int, prefix: int = 1) -> tuple[list[tuple[str, int]], torch.Tensor, torch.Tensor]:
+    """SPACE input of eq. 5 after `prefix` real tokens x (in decoding: the pending token):
+    [x_1..x_prefix, M*k (group 0), c_1, M*k (group 1), ..., c_k, M*k (group k)].
+
+    Returns (layout, mask [q, q] bool, position offsets [q] long). layout[i] is ("x", j) for
+    the j-th prefix token, ("c", i) for candidate c_i (1-based) and ("m", g) for a mask token
+    of group g. Mask (eq. 6): i sees j <= i if j is not a mask, or if both are masks less than k
+    apart (the same group). Positions (eq. 7): row sum of the mask minus one."""
+    layout: list[tuple[str, int]] = [("x", j) for j in range(prefix)]
+    layout += [("m", 0)] * k
+    for i in range(1, k + 1):
+        layout.append(("c", i))
+        layout += [("m", i)] * k
+    q = len(layout)
+    is_m = torch.tensor([kind == "m" for kind, _ in layout])
+    ii = torch.arange(q).view(-1, 1)
+    jj = torch.arange(q).view(1, -1)
+    mask = (ii >= jj) & (~is_m.view(1, -1) | (is_m.view(-1, 1) & is_m.view(1, -1) & (ii - jj < k)))
+    positions = mask.sum(-1).long() - 1
+    return layout, mask, positions
+
+
+def space_indices(layout: list[tuple[str, int]], k: int) -> tuple[list[int], list[list[int]]]:
+    """(index of the last prefix token then of c_1..c_k, mask indices of groups 0..k)."""
+    real = [max(i for i, (kind, _) in enumerate(layout) if kind == "x")]
+    real += [i for i, (kind, _) in enumerate(layout) if kind == "c"]
+    groups = [[i for i, (kind, g) in enumerate(layout) if kind == "m" and g == grp] for grp in range(k + 1)]
+    return real, groups

@@ -1,0 +1,175 @@
+"""Medusa (Cai et al. 2024): K extra decoding heads on the last hidden state + tree attention.
+
+Head k (1-based) reads the final-norm hidden state h_t of the last verified position (whose LM
+head output is the pending token x_{t+1}) and predicts x_{t+k+1}: a residual SiLU block
+(Linear d->d initialised to zero, so the block is the identity at init) followed by a vocabulary
+projection initialised from the model's head (`share_head: true`: the base head itself, frozen).
+
+One step: candidates = `TokenTree` nodes (node at depth d with rank r = head d's top-r token; the
+root is the pending token); one target forward over all nodes with the tree mask and positions
+cache_length + depth; acceptance picks the longest accepted path; the cache keeps only that
+path's entries (`KVCache.keep`); the heads of the next step read the hidden state of the path's
+last node, which the tree forward already computed (no extra forward).
+
+Acceptance (`acceptance`): `auto` = greedy verification at temperature 0, lossless tree
+rejection sampling otherwise (engine/tree.py); `typical` = the paper's typical acceptance
+(3.3.1; lossy: `lossless` is False so results are labelled).
+
+StepResult.n_drafted is the tree's depth (the longest candidate a step can accept), so the
+acceptance rate is accepted / depth.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbench.engine.sampling import next_token
+from specbench.engine.tree import TokenTree, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
+from specbench.errors import SpecBenchError
+from specbench.methods.base import Method, StepResult, register_method
+from specbench.models import ModelAdapter
+
+TRAIN_CMD = "python -m specbench.train method=medusa model={model} method.num_heads={k} method.share_head={share}"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, target: ModelAdapter, num_heads: int = 4, share_head: bool = False):
+        super().__init__()
+        if num_heads < 1:
+            raise SpecBenchError(f"medusa num_heads must be >= 1, got {num_heads}")
+        d, V = target.hidden_size, target.vocab_size
+        self.num_heads, self.share_head = int(num_heads), bool(share_head)
+        self.blocks = nn.ModuleList([ResBlock(d) for _ in range(num_heads)])
+        if share_head:
+            self.heads = None
+        else:
+            self.heads = nn.ModuleList([nn.Linear(d, V, bias=False) for _ in range(num_heads)])
+            with torch.no_grad():
+                for h in self.heads:
+                    h.weight.copy_(target.lm_head.weight.float())
+        self.__dict__["_target_head"] = target.lm_head  # not a submodule: never trained or saved
+        self.to(device=target.device, dtype=target.dtype)
+
+    def structure(self) -> dict:
+        return {"num_heads": self.num_heads, "share_head": self.share_head}
+
+    def forward(self, h: torch.Tensor) -> list[torch.Tensor]:
+        """Final-norm hidden [..., d] -> K logits tensors [..., V]."""
+        return [self.head(k, h) for k in range(self.num_heads)]
+
+    def head(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[k](h)
+        return (self._target_head if self.heads is None else self.heads[k])(x)
+
+
+def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
+    from specbench.train.checkpoints import load_checkpoint
+
+    heads = MedusaHeads(target, int(cfg.get("num_heads", 4)), bool(cfg.get("share_head", False)))
+    where = cfg.get("checkpoint", "auto")
+    allow = bool(cfg.get("allow_untrained", False))
+    ckpt = load_checkpoint("medusa", target.key, heads.structure(), where, required=where not in ("auto",) and not allow,
+                           model_name=target.name)
+    if ckpt is None and not allow:
+        raise SpecBenchError(
+            f"no trained Medusa heads for model {target.name} ({heads.structure()}); train them with `"
+            + TRAIN_CMD.format(model=target.name, k=heads.num_heads, share=str(heads.share_head).lower())
+            + "` or set method.allow_untrained=true"
+        )
+    info = {"num_heads": heads.num_heads, "share_head": heads.share_head, "heads_trained": ckpt is not None}
+    if ckpt is not None:
+        heads.load_state_dict(ckpt["state"])
+        info["checkpoint"] = ckpt["path"]
+        info["train_settings"] = ckpt.get("settings")
+    heads.to(device=target.device, dtype=target.dtype).eval()
+    for p in heads.parameters():
+        p.requires_grad_(False)
+    return heads, info
+
+
+def build_tree(cfg, num_heads: int, settings: dict | None) -> TokenTree:
+    n_acc = cfg.get("tree_from_accuracies")
+    if n_acc:
+        acc = (settings or {}).get("head_accuracy")
+        if not acc:
+            raise SpecBenchError("medusa tree_from_accuracies needs trained heads (their checkpoint stores the per-head "
+                                 "accuracies); train them or give method.tree / method.sizes")
+        tree = TokenTree.from_accuracies(acc[:num_heads], int(n_acc))
+    elif cfg.get("tree") is not None:
+        tree = TokenTree.from_paths([list(p) for p in cfg.tree])
+    else:
+        tree = TokenTree.cartesian(list(cfg.get("sizes", [2, 2, 1, 1])))
+    if tree.max_depth > num_heads:
+        raise SpecBenchError(f"medusa tree depth {tree.max_depth} exceeds num_heads={num_heads}")
+    return tree
+
+
+@register_method
+class Medusa(Method):
+    name = "medusa"
+    needs_training = "medusa heads"
+
+    def __init__(self, target, cfg, sampling, ctx=None):
+        super().__init__(target, cfg, sampling, ctx)
+        self.heads, self.info = load_heads(target, cfg)
+        self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"))
+        self.acceptance = str(cfg.get("acceptance", "auto"))
+        if self.acceptance not in ("auto", "typical"):
+            raise SpecBenchError(f"unknown medusa acceptance {self.acceptance!r}; allowed: auto, typical")
+        self.lossless = self.acceptance != "typical"
+        self.epsilon = float(cfg.get("epsilon", 0.09))
+        self.delta = float(cfg.get("delta", 0.3))
+        self.mask = self.tree.mask.to(target.device)
+        self.depths = self.tree.depths.to(target.device)
+        # ranks needed per depth
+        self.ranks = [0] * self.tree.max_depth
+        for p in self.tree.paths[1:]:
+            self.ranks[len(p) - 1] = max(self.ranks[len(p) - 1], p[-1] + 1)
+
+    def describe(self) -> dict:
+        d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
+        d |= {"tree_nodes": len(self.tree) - 1, "tree_depth": self.tree.max_depth, "acceptance": self.acceptance}
+        if self.acceptance == "typical":
+            d |= {"epsilon": self.epsilon, "delta": self.delta}
+        return d
+
+    def start(self, prompt: list[int]) -> int:
+        self.tokens = list(prompt)
+        self.cache = self.target.new_cache()
+        with self.timer.phase("prefill"):
+            logits, hidden = self.target.forward(self.tokens, self.cache, last_only=True)
+            tok = next_token(logits[-1], self.sampling, self.gen)
+        self.h_last = hidden[-1]
+        self.tokens.append(tok)
+        return tok
+
+    def step(self, budget: int) -> StepResult:
+        t, tree = self.target, self.tree
+        with self.timer.phase("draft"):
+            ranked = [torch.topk(self.heads.head(d, self.h_last), r).indices.tolist() for d, r in enumerate(self.ranks)]
+            nodes = tree.node_tokens(self.tokens[-1], ranked)
+        with self.timer.phase("verify"):
+            L = self.cache.length()
+            logits, hidden = t.forward(nodes, self.cache, positions=L + self.depths, tree_mask=self.mask)
+            if self.acceptance == "typical":
+                path, tok = verify_tree_typical(tree, nodes, logits, self.sampling.temperature, self.epsilon, self.delta)
+            else:
+                path, tok = verify_tree_sampling(tree, nodes, logits, self.sampling, self.gen)
+            self.cache.keep(L, path)
+            self.h_last = hidden[path[-1]]
+        accepted = [nodes[j] for j in path[1:]]
+        self.tokens += accepted + [tok]
+        return StepResult(accepted + [tok], tree.max_depth, len(accepted))

@@ -1,0 +1,169 @@
+"""SPACE (Yi et al. 2024): smart parallel auto-correct decoding with a SAR-SFT fine-tuned model.
+
+The mask token [M]: instead of adding a token to the tokenizer and resizing the embedding
+matrix (and, with tied embeddings, the head, which would let the model *emit* [M]), the mask
+is one extra learned embedding vector kept beside the model. Inputs are embedded with the
+model's own table and mask positions (id `MASK` = -1) get the vector. Same model function as an
+added row (the paper initialises it from a normal distribution; so do we), for every model
+(byte tokenizer, GGUF, HF), and the vocabulary and head stay untouched.
+
+Auto-correct decoding (Algorithm 1), one forward per step over
+[pending x, M*k, c1, M*k, ..., ck, M*k] with the eq. 6 mask and eq. 7 positions
+(engine/tree.py `space_layout`): the outputs at x, c1..ck verify the candidates; the k masks of
+the group after the last accepted token give the next step's candidates. Prefill runs
+[prompt, M*k] causally (exactly the SAR-SFT training format) so the first step already has
+candidates. Only the accepted real tokens stay in the cache (`KVCache.keep`).
+
+Verification: greedy at temperature 0; otherwise standard lossless rejection sampling with the
+candidates sampled from the mask distributions q and accepted with min(1, p/q) (eq. 10), and on
+rejection the replacement drawn from norm(max(0, p - q)). (Algorithm 1, line 18, samples the
+replacement from p itself, which is not exactly lossless; we use the residual.)
+
+The model's weights change, so the AR baseline must run on the fine-tuned model:
+`baseline_weights = "fine-tuned"` and `finetuned_adapter` is that model (a separate copy; the
+runner's target is left untouched).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+import torch
+from torch import nn
+
+from specbench.engine.sampling import probs, sample, verify_greedy, verify_sampling
+from specbench.engine.tree import space_indices, space_layout
+from specbench.errors import SpecBenchError
+from specbench.methods.base import Method, StepResult, register_method
+from specbench.models import ModelAdapter
+
+MASK = -1
+TRAIN_CMD = "python -m specbench.train method=space model={model} method.k={k}"
+
+
+def space_structure(cfg) -> dict:
+    s = {"k": int(cfg.get("k", 5)), "lora": bool(cfg.get("lora", False))}
+    if s["lora"]:
+        s |= {"lora_r": int(cfg.get("lora_r", 16)), "lora_alpha": int(cfg.get("lora_alpha", 32))}
+    return s
+
+
+class MaskedEmbed(nn.Module):
+    """The learned [M] vector (the only parameter beside the model's own)."""
+
+    def __init__(self, target: ModelAdapter, seed: int = 0):
+        super().__init__()
+        w = target.embed_tokens.weight
+        g = torch.Generator().manual_seed(seed)
+        std = float(w.float().std())
+        self.vector = nn.Parameter((torch.randn(w.shape[1], generator=g, dtype=torch.float64) * std).to(w.dtype).to(w.device))
+
+    def forward(self, adapter: ModelAdapter, ids: torch.Tensor | list[int]) -> torch.Tensor:
+        ids = torch.as_tensor(ids, dtype=torch.long, device=adapter.device)
+        ids = ids if ids.dim() == 2 else ids.view(1, -1)
+        is_m = ids == MASK
+        emb = adapter.embed(ids.clamp_min(0))
+        return torch.where(is_m.unsqueeze(-1), self.vector.to(emb.dtype), emb)
+
+
+def finetuned_copy(target: ModelAdapter, suffix: str, structure: dict) -> ModelAdapter:
+    model = copy.deepcopy(target.model)
+    adapter = ModelAdapter(model, target.tokenizer, f"{target.name}-{suffix}")
+    adapter.key = f"{target.key}-{suffix}-" + hashlib.sha1(json.dumps(structure, sort_keys=True).encode()).hexdigest()[:8]
+    return adapter
+
+
+def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, dict]:
+    from specbench.train.checkpoints import load_checkpoint
+
+    structure = space_structure(cfg)
+    where = cfg.get("checkpoint", "auto")
+    allow = bool(cfg.get("allow_untrained", False))
+    ckpt = load_checkpoint("space", target.key, structure, where, required=where != "auto" and not allow,
+                           model_name=target.name)
+    if ckpt is None and not allow:
+        raise SpecBenchError(
+            f"no SAR-SFT fine-tuned SPACE weights for model {target.name} ({structure}); train them with `"
+            + TRAIN_CMD.format(model=target.name, k=structure["k"]) + "` or set method.allow_untrained=true"
+        )
+    ft = finetuned_copy(target, "space" if ckpt is not None else "space-untrained", structure)
+    mask = MaskedEmbed(target, int(cfg.get("seed", 0)))
+    info = {"k": structure["k"], "lora": structure["lora"], "space_trained": ckpt is not None}
+    if ckpt is not None:
+        ft.model.load_state_dict(ckpt["state"]["model"])
+        mask.vector.data.copy_(ckpt["state"]["mask_embedding"].to(mask.vector.dtype))
+        info["checkpoint"] = ckpt["path"]
+        info["train_settings"] = ckpt.get("settings")
+    ft.model.to(device=target.device, dtype=target.dtype).eval()
+    for p in ft.model.parameters():
+        p.requires_grad_(False)
+    mask.to(device=target.device, dtype=target.dtype)
+    mask.vector.requires_grad_(False)
+    return ft, mask, info
+
+
+@register_method
+class Space(Method):
+    name = "space"
+    needs_training = "SAR-SFT fine-tuned model"
+    baseline_weights = "fine-tuned"
+
+    def __init__(self, target, cfg, sampling, ctx=None):
+        ft, self.mask_embed, self.info = load_space(target, cfg)
+        super().__init__(ft, cfg, sampling, ctx)
+        self.base_target = target
+        self.finetuned_adapter = ft
+        self.k = self.info["k"]
+        layout, mask, pos = space_layout(self.k, prefix=1)
+        self.layout = layout
+        self.mask = mask.to(ft.device)
+        self.pos = pos.to(ft.device)
+        self.real_idx, self.groups = space_indices(layout, self.k)
+
+    def describe(self) -> dict:
+        return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"} | {
+            "baseline_weights": self.baseline_weights}
+
+    def _forward(self, ids, positions=None, tree_mask=None) -> torch.Tensor:
+        t = self.target
+        h = t.run_layers(self.mask_embed(t, ids), self.cache, positions=positions, tree_mask=tree_mask)
+        return t.lm_head(t.norm(h))[0]
+
+    def _candidates(self, rows: torch.Tensor) -> None:
+        if self.sampling.greedy:
+            self.cands, self.q = rows.argmax(-1).tolist(), None
+        else:
+            self.q = probs(rows, self.sampling)
+            self.cands = [sample(self.q[j], self.gen) for j in range(len(rows))]
+
+    def start(self, prompt: list[int]) -> int:
+        self.tokens = list(prompt)
+        self.cache = self.target.new_cache()
+        with self.timer.phase("prefill"):
+            logits = self._forward(self.tokens + [MASK] * self.k)
+            n = len(self.tokens)
+            row = logits[n - 1]
+            tok = int(row.argmax()) if self.sampling.greedy else sample(probs(row, self.sampling), self.gen)
+            self._candidates(logits[n:])
+            self.cache.crop(n)
+        self.tokens.append(tok)
+        return tok
+
+    def step(self, budget: int) -> StepResult:
+        with self.timer.phase("verify"):
+            ids = [self.tokens[-1] if kind == "x" else (self.cands[i - 1] if kind == "c" else MASK) for kind, i in self.layout]
+            L = self.cache.length()
+            logits = self._forward(ids, positions=L + self.pos, tree_mask=self.mask)
+            rows = logits[self.real_idx]
+            if self.sampling.greedy:
+                n, tok = verify_greedy(rows, self.cands)
+            else:
+                n, tok = verify_sampling(rows, self.cands, self.q, self.sampling, self.gen)
+            self.cache.keep(L, self.real_idx[: n + 1])
+            accepted = self.cands[:n]
+        with self.timer.phase("draft"):
+            self._candidates(logits[self.groups[n]])
+        self.tokens += accepted + [tok]
+        return StepResult(accepted + [tok], self.k, n)

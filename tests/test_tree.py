@@ -1,0 +1,109 @@
+"""Token trees (Medusa fig. 2), the SPACE layout (fig. 3) and tree-masked forwards."""
+
+import torch
+
+from specbench.engine.sampling import SamplingConfig
+from specbench.engine.tree import TokenTree, space_layout, verify_tree_greedy, verify_tree_sampling
+from tests.helpers import tiny_model
+
+
+def test_medusa_figure2_mask():
+    t = TokenTree.cartesian([2, 3])
+    # root, head-1 top-2, then head-2 top-3 after each
+    assert t.paths == [(), (0,), (1,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    expected = torch.tensor([
+        # r  a  b aa ab ac ba bb bc
+        [1, 0, 0, 0, 0, 0, 0, 0, 0],  # root
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],  # (0,)
+        [1, 0, 1, 0, 0, 0, 0, 0, 0],  # (1,)
+        [1, 1, 0, 1, 0, 0, 0, 0, 0],  # (0,0)
+        [1, 1, 0, 0, 1, 0, 0, 0, 0],  # (0,1)
+        [1, 1, 0, 0, 0, 1, 0, 0, 0],  # (0,2)
+        [1, 0, 1, 0, 0, 0, 1, 0, 0],  # (1,0)
+        [1, 0, 1, 0, 0, 0, 0, 1, 0],  # (1,1)
+        [1, 0, 1, 0, 0, 0, 0, 0, 1],  # (1,2)
+    ], dtype=torch.bool)
+    assert torch.equal(t.mask, expected)
+    assert t.depths.tolist() == [0, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert t.parents == [-1, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert t.retrieve == [[0, 1, 3], [0, 1, 4], [0, 1, 5], [0, 2, 6], [0, 2, 7], [0, 2, 8]]
+    assert len(t) - 1 == 2 + 2 * 3  # sum_k prod_i s_i
+
+
+def test_sparse_tree_and_accuracies():
+    t = TokenTree.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    assert t.parents == [-1, 0, 0, 1, 1, 3]
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.1], [0.4]]
+    s = TokenTree.from_accuracies(acc, 4)
+    # values: (0)=.6, (0,0)=.3, (1)=.2, (0,0,0)=.12, (0,1)=.06, (2)=.1
+    assert s.paths == [(), (0,), (1,), (0, 0), (0, 0, 0)]
+    assert abs(s.expected_length(acc) - (0.6 + 0.2 + 0.3 + 0.12)) < 1e-12
+    # greedy choice beats any other tree of the same size on this objective
+    assert s.expected_length(acc) >= TokenTree.cartesian([2, 1]).expected_length(acc)
+
+
+def test_space_figure3_layout_mask_positions():
+    # "LLMs are [M] [M] auto [M] [M] model [M] [M]"
+    layout, mask, pos = space_layout(2, prefix=2)
+    assert layout == [("x", 0), ("x", 1), ("m", 0), ("m", 0), ("c", 1), ("m", 1), ("m", 1), ("c", 2), ("m", 2), ("m", 2)]
+    expected = torch.tensor([
+        # LLMs are M  M auto M  M model M  M
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # LLMs
+        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0],  # are
+        [1, 1, 1, 0, 0, 0, 0, 0, 0, 0],  # [M]
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # [M]
+        [1, 1, 0, 0, 1, 0, 0, 0, 0, 0],  # auto
+        [1, 1, 0, 0, 1, 1, 0, 0, 0, 0],  # [M]
+        [1, 1, 0, 0, 1, 1, 1, 0, 0, 0],  # [M]
+        [1, 1, 0, 0, 1, 0, 0, 1, 0, 0],  # model
+        [1, 1, 0, 0, 1, 0, 0, 1, 1, 0],  # [M]
+        [1, 1, 0, 0, 1, 0, 0, 1, 1, 1],  # [M]
+    ], dtype=torch.bool)
+    assert torch.equal(mask, expected)
+    assert pos.tolist() == [0, 1, 2, 3, 2, 3, 4, 3, 4, 5]
+    assert len(layout) - 2 == 2 * (2 + 2)  # k(k+2) extra tokens
+
+
+def test_tree_forward_matches_causal_paths():
+    target = tiny_model()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 259, (7,), generator=g).tolist()
+    tree = TokenTree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]])
+    tokens = torch.randint(3, 259, (len(tree),), generator=g).tolist()
+    cache = target.new_cache()
+    target.forward(prompt, cache)
+    L = cache.length()
+    logits, _ = target.forward(tokens, cache, positions=L + tree.depths, tree_mask=tree.mask)
+    for i in range(len(tree)):
+        path = [j for j in range(len(tree)) if tree.mask[i, j]]
+        ref, _ = target.forward(prompt + [tokens[j] for j in path], target.new_cache())
+        assert torch.allclose(logits[i], ref[-1], atol=1e-9, rtol=0)
+    # keep() on one path then a causal step equals a fresh forward of that path
+    path = tree.retrieve[0]
+    cache.keep(L, path)
+    nxt, _ = target.forward([5], cache)
+    ref, _ = target.forward(prompt + [tokens[j] for j in path] + [5], target.new_cache())
+    assert torch.allclose(nxt[-1], ref[-1], atol=1e-9, rtol=0)
+
+
+def test_verify_tree_greedy_and_sampling_distribution():
+    tree = TokenTree.cartesian([2, 2])
+    V = 4
+    logits = torch.full((len(tree), V), -10.0, dtype=torch.float64)
+    tokens = [0, 1, 2, 3, 1, 0, 1]  # (0,)=1 (1,)=2 (0,0)=3 (0,1)=1 (1,0)=0 (1,1)=1
+    logits[0, 2] = 5  # root -> 2 = node 2
+    logits[2, 1] = 5  # node 2 -> 1 = node 6
+    logits[6, 3] = 5
+    assert verify_tree_greedy(tree, tokens, logits) == ([0, 2, 6], 3)
+    # sampling: the first committed token after the root follows p exactly
+    logits = torch.randn(len(tree), V, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    cfg = SamplingConfig(temperature=1.0)
+    p = torch.softmax(logits[0], -1)
+    gen = torch.Generator().manual_seed(2)
+    counts = torch.zeros(V)
+    n = 4000
+    for _ in range(n):
+        path, tok = verify_tree_sampling(tree, tokens, logits, cfg, gen)
+        first = tokens[path[1]] if len(path) > 1 else tok
+        counts[first] += 1
+    assert torch.allclose(counts / n, p.float(), atol=0.03)
