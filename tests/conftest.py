@@ -2,6 +2,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# tiny models: one thread is faster than two oversubscribed ones on a loaded 2-core machine
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -184,6 +184,7 @@ class SpeculativeMethod(ARMethod):
         ([V]) for the next token and the draft's hidden state there (or None)."""
         drafts: list[int] = []
         q_rows: list[torch.Tensor] = []
+        self.controller.begin_round()
         while len(drafts) < k_max:
             logits, hidden = next_draft(drafts)
             conf_probs = torch.softmax(logits.float(), -1)
@@ -195,7 +196,8 @@ class SpeculativeMethod(ARMethod):
                 q_rows.append(q)
             drafts.append(tok)
             with self.timer.phase("control"):
-                info = DraftInfo(len(drafts), float(conf_probs[tok]), hidden, self.target_hidden)
+                # confidence = max draft probability (Self-SD's draft-exit rule, its Algorithm 4)
+                info = DraftInfo(len(drafts), float(conf_probs.max()), hidden, self.target_hidden)
                 if not self.controller.keep_drafting(info):
                     break
         return drafts, (torch.stack(q_rows) if q_rows else None)

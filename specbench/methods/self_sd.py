@@ -122,7 +122,7 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
         path = search_path(target, cfg)
         if not path.is_file():
             raise SpecBenchError(
-                f"skip.source=search but no search result for model key {model_key(target)!r} at {path}; run "
+                f"skip.source=search but no search result for model {target.name!r} (key {model_key(target)!r}) at {path}; run "
                 f"`python -m specbench.skipsearch model=<this model> iterations=50` first "
                 "(or use skip.source=heuristic / skip.source=explicit with skip.attn=[..] skip.mlp=[..])"
             )

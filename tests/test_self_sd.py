@@ -1,0 +1,191 @@
+"""Self-SD (method=self_sd) and its skip-set search (specbench/skipsearch.py)."""
+
+import functools
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from specbench.engine.sampling import SamplingConfig, probs
+from specbench.errors import SpecBenchError
+from specbench.methods import build_method
+from specbench.methods.self_sd import heuristic_skip, resolve_skip
+from specbench.models import LayerSkip, load_model
+from specbench.skipsearch import load_result, result_path, save_result, search_skip_set
+
+EOS = frozenset({1})
+NUM_LAYERS = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model is ~20x slower with 2 threads on a loaded 2-core machine (oversubscription)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny():
+    torch.set_grad_enabled(False)
+    return load_model(OmegaConf.create(
+        {"name": "tiny-llama", "loader": "tiny", "init_std": 0.3, "dtype": "float64", "num_layers": NUM_LAYERS}
+    ))
+
+
+def self_sd(skip: dict, control: dict, sampling: SamplingConfig = SamplingConfig()):
+    cfg = OmegaConf.create({"name": "self_sd", "skip": skip})
+    return build_method("self_sd", tiny(), cfg, sampling, ctx={"control": control})
+
+
+def ar_tokens(prompt, max_new, seed=0):
+    return build_method("ar", tiny(), OmegaConf.create({"name": "ar"}), SamplingConfig()).generate(prompt, max_new, EOS, seed).tokens
+
+
+layer_sets = st.lists(st.integers(0, NUM_LAYERS - 1), max_size=NUM_LAYERS, unique=True)
+controls = st.one_of(
+    st.integers(1, 6).map(lambda k: {"name": "fixed", "k": k, "k_max": k}),
+    st.tuples(st.floats(0.0, 1.0), st.integers(1, 6)).map(lambda g: {"name": "threshold", "gamma": g[0], "k_max": g[1]}),
+    st.integers(1, 8).map(lambda k: {"name": "adaptive_threshold", "k_max": k, "alpha": 0.5}),
+    st.integers(1, 8).map(lambda k: {"name": "beta_ts", "k_max": k}),
+    st.integers(1, 8).map(lambda k: {"name": "cali_ts", "k_max": k}),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.lists(st.integers(3, 258), min_size=1, max_size=24),
+    attn=layer_sets,
+    mlp=layer_sets,
+    control=controls,
+    max_new=st.integers(1, 40),
+    seed=st.integers(0, 3),
+)
+def test_greedy_equals_ar(prompt, attn, mlp, control, max_new, seed):
+    m = self_sd({"source": "explicit", "attn": attn, "mlp": mlp}, control)
+    g = m.generate(prompt, max_new, EOS, seed)
+    assert g.tokens == ar_tokens(prompt, max_new, seed)
+    # the cache invariant: every layer holds exactly the committed tokens minus the pending one
+    assert m.cache.lengths == [len(m.tokens) - 1] * NUM_LAYERS
+
+
+def test_skipping_nothing_accepts_everything():
+    # (with source auto, empty lists mean "no explicit set": the heuristic; explicit + empty = nothing)
+    m = self_sd({"source": "explicit", "attn": [], "mlp": []}, {"name": "fixed", "k": 5, "k_max": 5})
+    g = m.generate([10, 20, 30, 40], 60, EOS, 0)
+    assert m.describe()["skip_attn"] == [] and m.describe()["skip_mlp"] == []
+    drafted = sum(s[0] for s in g.steps)
+    assert drafted > 0 and sum(s[1] for s in g.steps) == drafted
+    assert g.tokens == ar_tokens([10, 20, 30, 40], 60)
+
+
+@pytest.mark.parametrize("attn,mlp", [([1, 2], [3]), ([0, 3], []), ([], [1, 2]), ([0, 1, 2, 3], [0, 1, 2, 3])])
+def test_draft_is_the_skipped_model(attn, mlp):
+    """Each draft token is the greedy choice of the model with the skip set applied, over the full
+    model's cache of the committed tokens (one batched forward from scratch as the reference:
+    default positions are right there because every kept layer starts at the committed length)."""
+    target = tiny()
+    skip = LayerSkip(frozenset(attn), frozenset(mlp))
+    m = self_sd({"attn": attn, "mlp": mlp}, {"name": "fixed", "k": 6, "k_max": 6})
+    m.gen, m.seed = torch.Generator().manual_seed(0), 0
+    m.start([5, 17, 99, 42, 7])
+    m.step(10)  # one full round first, so drafting starts from a verified cache
+    committed = list(m.tokens)
+    drafts, q = m.propose(6)
+    assert q is None and len(drafts) == 6
+    assert m.cache.lengths == [len(committed) - 1] * NUM_LAYERS  # the draft's entries are gone
+    for j in range(len(drafts)):
+        cache = target.new_cache()
+        target.forward(committed[:-1], cache)
+        logits, _ = target.forward([committed[-1]] + drafts[:j], cache, skip=skip)
+        assert int(logits[-1].argmax()) == drafts[j]
+
+
+def test_heuristic_skip_set():
+    s = heuristic_skip(30)
+    assert len(s.attn) == 11 and len(s.mlp) == 7
+    assert min(s.attn | s.mlp) >= 30 // 4 and max(s.attn | s.mlp) < 29  # upper 3/4, last layer kept
+    assert len(s.attn) > len(s.mlp)
+    assert heuristic_skip(1) == LayerSkip()
+    skip, info = resolve_skip(tiny(), OmegaConf.create({"source": "heuristic", "attn": [], "mlp": []}))
+    assert skip == heuristic_skip(NUM_LAYERS) and info["skip_source"] == "heuristic"
+    # the default (auto) without lists is the heuristic
+    assert resolve_skip(tiny(), {})[0] == heuristic_skip(NUM_LAYERS)
+
+
+def test_bad_layer_index():
+    with pytest.raises(SpecBenchError, match=r"skip.attn layer 4 .*valid indices 0\.\.3"):
+        self_sd({"source": "explicit", "attn": [1, 4]}, {"name": "fixed", "k": 3})
+    with pytest.raises(SpecBenchError, match=r"skip.mlp layer -1"):
+        self_sd({"mlp": [-1]}, {"name": "fixed", "k": 3})
+    with pytest.raises(SpecBenchError, match="unknown skip.source"):
+        self_sd({"source": "magic"}, {"name": "fixed", "k": 3})
+    with pytest.raises(SpecBenchError, match="only used with skip.source=explicit"):
+        self_sd({"source": "heuristic", "attn": [1]}, {"name": "fixed", "k": 3})
+
+
+def test_missing_search_result(tmp_path):
+    with pytest.raises(SpecBenchError, match="python -m specbench.skipsearch"):
+        self_sd({"source": "search", "cache_dir": str(tmp_path)}, {"name": "fixed", "k": 3})
+
+
+def test_search_writes_a_result_the_method_uses(tmp_path):
+    target = tiny()
+    prompts = [[5, 6, 7, 8], [40, 41, 42]]
+    result = search_skip_set(target, prompts, iterations=3, max_new_tokens=12, k=3, seed=0, sampler="tpe")
+    assert result["iterations"] == 3 and len(result["trials"]) == 3
+    assert result["objective"] == min(t["value"] for t in result["trials"]) and result["objective"] > 0
+    assert result["model_key"] == target.key and [p["tokens"] for p in result["prompts"]] == prompts
+    assert result["timestamp"]
+    path = save_result(result, result_path(tmp_path, target.key))
+    loaded = load_result(path)
+    assert loaded["skip"] == result["skip"]
+    json.loads(path.read_text())  # plain JSON
+
+    m = self_sd({"source": "search", "cache_dir": str(tmp_path)}, {"name": "adaptive_threshold", "k_max": 5})
+    info = m.describe()
+    assert info["skip_source"] == "search" and info["skip_file"] == str(path)
+    assert (info["skip_attn"], info["skip_mlp"]) == (result["skip"]["attn"], result["skip"]["mlp"])
+    assert m.generate([9, 8, 7], 20, EOS, 0).tokens == ar_tokens([9, 8, 7], 20)
+
+
+def test_search_gp_sampler():
+    pytest.importorskip("scipy")
+    result = search_skip_set(tiny(), [[5, 6, 7]], iterations=3, max_new_tokens=6, k=2, seed=1, sampler="gp")
+    assert len(result["trials"]) == 3 and result["sampler"] == "gp"
+
+
+def test_first_speculative_token_distribution_matches_ar():
+    """Temperature 1, top-k 5: the first token of a speculative step follows the target's
+    processed distribution (chi-square goodness of fit), while the draft differs enough from the
+    target that both acceptance and rejection happen."""
+    from scipy.stats import chisquare
+
+    sampling = SamplingConfig(temperature=1.0, top_k=5)
+    target = tiny()
+    prompt, pending = [11, 22, 33, 44, 55], 66
+    cache = target.new_cache()
+    logits, _ = target.forward(prompt + [pending], cache)
+    p = probs(logits[-1], sampling)
+    support = torch.nonzero(p > 0).flatten().tolist()
+    assert len(support) == 5
+
+    m = self_sd({"attn": [1], "mlp": [3]}, {"name": "fixed", "k": 3, "k_max": 3}, sampling)
+    n, counts, accepted_first = 1000, {t: 0 for t in support}, 0
+    for s in range(n):
+        m.gen, m.seed = torch.Generator().manual_seed(s), s
+        m.controller.reset(s)
+        m.start(prompt)
+        m.tokens[-1] = pending  # the pending token is any token the cache has not seen yet
+        r = m.step(4)
+        counts[r.tokens[0]] += 1
+        accepted_first += r.n_accepted > 0
+    assert 0.05 * n < accepted_first < 0.95 * n
+    expected = [float(p[t]) * n for t in support]
+    pvalue = chisquare([counts[t] for t in support], expected).pvalue
+    print(f"first-draft acceptance {accepted_first / n:.3f}, chi-square p = {pvalue:.3f}")
+    assert pvalue > 1e-3
