@@ -20,6 +20,21 @@ def check_choices(argv: list[str]) -> None:
                 fail(f"unknown {key} {value!r}; allowed: {', '.join(options)}")
 
 
+def precheck(argv: list[str]) -> None:
+    """Compose the config once ourselves so a bad override is one line, not Hydra's report.
+    Multirun and hydra/experiment overrides are left to Hydra (compose cannot sweep)."""
+    if any(a.startswith("-") or a.startswith(("hydra", "+experiment", "experiment")) for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            compose("config", overrides=argv)
+    except Exception as e:  # noqa: BLE001 - any composition failure is bad input
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        fail("; ".join(lines[:2]) or type(e).__name__)
+
+
 def fail(message: str, code: int = 2) -> None:
     print(f"specbench: error: {message}", file=sys.stderr)
     raise SystemExit(code)
@@ -32,6 +47,7 @@ def main() -> None:
     from specbench.errors import SpecBenchError
 
     check_choices(sys.argv[1:])
+    precheck(sys.argv[1:])
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg: DictConfig) -> None:

@@ -24,6 +24,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
+from specbench.metrics.costmodel import interp_cost
 from specbench.models import ModelAdapter, load_model
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
@@ -85,6 +86,11 @@ class RunDir:
         out: dict[str, dict] = {}
         if not self.samples_path.exists():
             return out
+        data = self.samples_path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            # a line cut short by a crash: drop it (that sample runs again) so the file stays valid JSONL
+            with open(self.samples_path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
         with open(self.samples_path) as f:
             for line in f:
                 try:
@@ -95,15 +101,8 @@ class RunDir:
         return out
 
     def append(self, rec: dict) -> None:
-        # repair a line cut short by a crash so the new record starts on its own line
-        if self.samples_path.exists() and self.samples_path.stat().st_size:
-            with open(self.samples_path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                needs_newline = f.read(1) != b"\n"
-        else:
-            needs_newline = False
         with open(self.samples_path, "a") as f:
-            f.write(("\n" if needs_newline else "") + json.dumps(rec) + "\n")
+            f.write(json.dumps(rec) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -150,7 +149,7 @@ def summarize_system(gens: list[Generation]) -> dict:
     rec = {"new_tokens": tokens, "wall": times.get("wall", 0.0), "times": times}
     rec["tokens_per_s"] = tokens / rec["wall"] if rec["wall"] else None
     if steps:
-        rec["acceptance"] = acceptance_metrics(steps, tokens)
+        rec["acceptance"] = acceptance_metrics(steps, tokens, len(gens))
         rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
     rec["steps"] = steps
     return rec
@@ -180,7 +179,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
     rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
     if costs and m.get("acceptance"):
         draft_cost = m["times"].get("draft", 0.0) / max(1, m["acceptance"]["drafted"])
-        rec["predicted_speedup"] = predicted_speedup(m["steps"], m["new_tokens"], draft_cost, costs)
+        rec["predicted_speedup"] = predicted_speedup(m["steps"], m["new_tokens"], draft_cost, costs, len(m["tokens"]))
     return rec
 
 
@@ -217,15 +216,16 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
     out["speedup_per_sample_std"] = statistics.stdev(per) if len(per) > 1 else None
     out["matches_ar"] = sum(bool(r["matches_ar"]) for r in records)
     steps = [s for r in records for s in r["method"].get("steps", [])]
+    n_seq = sum(len(r["method"].get("tokens") or [None]) for r in records)  # one prefill token each
     if steps:
-        acc = acceptance_metrics(steps, m["new_tokens"])
+        acc = acceptance_metrics(steps, m["new_tokens"], n_seq)
         out["acceptance"] = acc
         out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
         drafted = max(1, acc["drafted"])
         draft_cost = m["times"].get("draft", 0.0) / drafted
         if costs:
-            out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs)
-            out["alpha"] = draft_cost / costs[1]
+            out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs, n_seq)
+            out["alpha"] = draft_cost / interp_cost(costs, 1)
             out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
     cats = sorted({r["category"] for r in records if r.get("category")}) if per_category else []
     if cats:
@@ -281,8 +281,14 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     """One benchmark run. `target`: an already loaded model for cfg.model (benchmarks that run
     several methods load it once)."""
     torch.set_grad_enabled(False)
-    if int(cfg.max_new_tokens) < 1:
+    try:
+        max_new = int(cfg.max_new_tokens)
+    except (TypeError, ValueError):
+        raise SpecBenchError(f"max_new_tokens must be an integer >= 1, got {cfg.max_new_tokens!r}") from None
+    if max_new < 1:
         raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    if float(cfg.sampling.temperature) < 0:
+        raise SpecBenchError(f"sampling.temperature must be >= 0 (0: greedy), got {cfg.sampling.temperature}")
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)

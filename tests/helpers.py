@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 from specbench.engine.sampling import SamplingConfig
@@ -39,6 +40,10 @@ TINY = {
 }
 
 GREEDY = SamplingConfig()
+
+# One intra-op thread: the tiny models' ops are far too small to gain from more, and on a shared
+# 2-core machine a second thread makes every forward 10-20x slower under contention.
+torch.set_num_threads(1)
 
 
 @functools.lru_cache(maxsize=None)

@@ -221,26 +221,27 @@ def test_layerskip_mlp_only_matches_manual(m):
 
 
 def test_phase_timer_nesting():
+    # upper bounds leave 0.15 s of slack for a loaded machine; they still tell "inner time charged
+    # to the outer phase too" (+0.2 s) apart
     t = PhaseTimer("cpu")
     t.start()
     time.sleep(0.03)  # other
     with t.phase("draft"):
-        time.sleep(0.05)
+        time.sleep(0.02)
         with t.phase("control"):
-            time.sleep(0.10)
+            time.sleep(0.2)
         time.sleep(0.02)
     with t.phase("verify"):
-        time.sleep(0.04)
+        time.sleep(0.03)
     out = t.stop()
-    # inner time is charged to the inner phase only
-    assert 0.07 <= out["draft"] < 0.07 + 0.05, out
-    assert 0.10 <= out["control"] < 0.10 + 0.05, out
-    assert 0.04 <= out["verify"] < 0.04 + 0.05, out
+    assert 0.04 <= out["draft"] < 0.04 + 0.15, out  # inner time is charged to the inner phase only
+    assert 0.2 <= out["control"] < 0.2 + 0.15, out
+    assert 0.03 <= out["verify"] < 0.03 + 0.15, out
     assert out["prefill"] == 0.0
     phases = sum(v for k, v in out.items() if k not in ("other", "wall"))
     assert out["other"] == pytest.approx(out["wall"] - phases, abs=1e-9)
-    assert 0.03 <= out["other"] < 0.03 + 0.05, out
-    assert out["wall"] >= 0.24
+    assert 0.03 <= out["other"] < 0.03 + 0.15, out
+    assert out["wall"] >= 0.3
 
 
 def test_phase_timer_reentrant_and_custom_phase():

@@ -42,7 +42,8 @@ class HFAssisted(Method):
 
     def generate(self, prompt, max_new_tokens, eos_ids, seed) -> Generation:
         self.timer.totals = {}
-        kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(eos_ids), pad_token_id=sorted(eos_ids)[0])
+        eos = sorted(eos_ids)
+        kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
         if self.sampling.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:

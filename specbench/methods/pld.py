@@ -34,6 +34,7 @@ class PromptLookup(SpeculativeMethod):
         found = lookup(self.tokens, k_max, int(self.cfg.get("max_ngram", 3)), int(self.cfg.get("min_ngram", 1)))
 
         drafts: list[int] = []
+        self.controller.begin_round()
         for tok in found:
             drafts.append(tok)
             with self.timer.phase("control"):

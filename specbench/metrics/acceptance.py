@@ -20,8 +20,9 @@ def harmonic_mean(v_d: float | None, r_d: float | None) -> float | None:
     return 2 * v_d * r_d / (v_d + r_d) * 100
 
 
-def acceptance_metrics(steps: list[tuple[int, int, int]], n_tokens: int) -> dict:
-    """steps: (drafted, accepted, accepted and kept) per decoding step; n_tokens: L."""
+def acceptance_metrics(steps: list[tuple[int, int, int]], n_tokens: int, n_sequences: int = 1) -> dict:
+    """steps: (drafted, accepted, accepted and kept) per decoding step; n_tokens: L over
+    n_sequences generated sequences (each has one token from the prefill, not from a step)."""
     n_steps = len(steps)
     drafted = sum(s[0] for s in steps)
     right = sum(s[2] for s in steps)
@@ -35,7 +36,7 @@ def acceptance_metrics(steps: list[tuple[int, int, int]], n_tokens: int) -> dict
         "r_d": r_d,
         "hm": harmonic_mean(v_d, r_d) if drafted else None,
         # the prefill's token is not a decoding step
-        "tau": (n_tokens - 1) / n_steps if n_steps else None,
+        "tau": (n_tokens - n_sequences) / n_steps if n_steps else None,
         "mean_accepted": right / n_steps if n_steps else None,
         "mean_drafted": drafted / n_steps if n_steps else None,
     }

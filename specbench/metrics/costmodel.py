@@ -16,7 +16,8 @@ from __future__ import annotations
 
 
 def interp_cost(costs: dict[int, float], k: int) -> float:
-    """T(k) from a profile at some k values (linear between, clamped extrapolation)."""
+    """T(k) from a profile at some k values: linear between points, the lowest value below the
+    profile, linear extrapolation of the last segment above it."""
     if k in costs:
         return costs[k]
     ks = sorted(costs)
@@ -31,13 +32,14 @@ def interp_cost(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
-def predicted_speedup(steps: list[tuple[int, int, int]], n_tokens: int, draft_cost: float, forward_costs: dict[int, float]) -> float | None:
-    if not steps or not forward_costs or n_tokens < 2:
+def predicted_speedup(steps: list[tuple[int, int, int]], n_tokens: int, draft_cost: float,
+                      forward_costs: dict[int, float], n_sequences: int = 1) -> float | None:
+    if not steps or not forward_costs or n_tokens <= n_sequences:
         return None
     t1 = interp_cost(forward_costs, 1)
     method = sum(d * draft_cost + interp_cost(forward_costs, d + 1) for d, _, _ in steps)
-    # both sides exclude the prefill and its first token
-    return (n_tokens - 1) * t1 / method if method > 0 else None
+    # both sides exclude the prefills and their first tokens
+    return (n_tokens - n_sequences) * t1 / method if method > 0 else None
 
 
 def eq14_speedup(v_d: float | None, r_d: float | None, alpha: float | None) -> float | None:

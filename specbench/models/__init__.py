@@ -88,6 +88,9 @@ def load_hf(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "auto"))
     dtype = _dtype(cfg.get("dtype", "auto"), device)
     kwargs = dict(dtype=dtype, revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # keep stderr for our own one-line errors
     if cfg.get("device_map"):
         kwargs["device_map"] = cfg.device_map
     try:

@@ -44,6 +44,10 @@ def train(cfg) -> dict:
     target = load_model(cfg.model)
     data_dir = cfg.task.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
     sequences = build_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
+    cap = cfg.train.get("max_sequences")
+    if cap and len(sequences) > int(cap):
+        # generated sequences come first: keep them all, cap the original text
+        sequences = sequences[: int(cap)]
     return TRAINERS[cfg.method.name](target, cfg, sequences)
 
 
