@@ -2,6 +2,7 @@
 
     python bench/bench.py --suite core        # issue: AR, vanilla SD, PLD, hf_assisted
     python bench/bench.py --suite selfdraft   # Self-SD and EESD with fixed K, Beta-TS, Cali-TS
+    python bench/bench.py --suite heads       # Medusa (greedy, typical) and SPACE
 
 Each configuration is a normal specbench run (AR interleaved with the method on the same
 samples, in this process); its speedup is a ratio inside that run. Results land in
@@ -38,12 +39,20 @@ SUITES = {
     "selfdraft": {
         "tasks": ["gsm8k", "xsum"],
         "runs": [
-            ("self_sd-fixed4", ["method=self_sd", "control=fixed", "control.k=4"]),
-            ("self_sd-adaptive", ["method=self_sd", "control=adaptive_threshold"]),
+            ("self_sd-fixed4", ["method=self_sd", "method.skip.source=search", "control=fixed", "control.k=4"]),
+            ("self_sd-adaptive", ["method=self_sd", "method.skip.source=search", "control=adaptive_threshold"]),
             ("eesd-fixed4", ["method=eesd", "control=fixed", "control.k=4"]),
             ("eesd-fixed10", ["method=eesd", "control=fixed", "control.k=10"]),
             ("eesd-beta_ts", ["method=eesd", "control=beta_ts"]),
             ("eesd-cali_ts", ["method=eesd", "control=cali_ts"]),
+        ],
+    },
+    "heads": {
+        "tasks": ["humaneval", "mt_bench"],
+        "runs": [
+            ("medusa-greedy", ["method=medusa", "method.share_head=true"]),
+            ("medusa-typical-t0.7", ["method=medusa", "method.share_head=true", "method.acceptance=typical", "sampling.temperature=0.7"]),
+            ("space-k5", ["method=space"]),
         ],
     },
 }
