@@ -42,7 +42,6 @@ SUITES = {
             ("self_sd-fixed4", ["method=self_sd", "method.skip.source=search", "control=fixed", "control.k=4"]),
             ("self_sd-adaptive", ["method=self_sd", "method.skip.source=search", "control=adaptive_threshold"]),
             ("eesd-fixed4", ["method=eesd", "control=fixed", "control.k=4"]),
-            ("eesd-fixed10", ["method=eesd", "control=fixed", "control.k=10"]),
             ("eesd-beta_ts", ["method=eesd", "control=beta_ts"]),
             ("eesd-cali_ts", ["method=eesd", "control=cali_ts"]),
         ],

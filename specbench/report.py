@@ -53,7 +53,8 @@ NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_s
 # keys that define the setting (compared first, for a precise error message)
 SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
 SELF = "__reference__"  # p_vs of the --baseline system itself
-PHASES = [("prefill", "Prefill"), ("draft", "Drafting"), ("verify", "Verification"), ("control", "Sampling (control)"), ("other", "Other")]
+PHASES = [("prefill", "Prefill"), ("draft", "Drafting"), ("verify", "Verification"), ("control", "Sampling (control)"),
+          ("other", "Other"), ("hf_generate", "transformers generate (not broken down)")]
 
 
 # ----------------------------------------------------------------------------- loading
