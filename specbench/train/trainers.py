@@ -108,7 +108,9 @@ def _ce(logits, labels):
     """Cross-entropy and (correct, counted) top-1 agreement on labelled positions."""
     flat, lab = logits.flatten(0, 1).float(), labels.flatten()
     keep = lab != -100
-    right = int((flat[keep].argmax(-1) == lab[keep]).sum()) if keep.any() else 0
+    if not keep.any():  # every labelled position was cut by max_len: no signal, not NaN
+        return flat.sum() * 0.0, (0, 0)
+    right = int((flat[keep].argmax(-1) == lab[keep]).sum())
     return F.cross_entropy(flat, lab, ignore_index=-100), (right, int(keep.sum()))
 
 

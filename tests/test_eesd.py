@@ -1,0 +1,151 @@
+"""EESD: greedy equality with AR for every controller, exact reuse of the first-N layers'
+states, distribution preservation under sampling, training and checkpoints, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+from scipy.stats import chi2_contingency
+
+from specbench.engine.sampling import SamplingConfig
+from specbench.errors import SpecBenchError
+from specbench.methods import build_method
+
+from helpers import CONF, GREEDY, tiny_model
+
+CONTROLS = [
+    {"name": "fixed", "k": 3, "k_max": 3},
+    {"name": "beta_ts", "k_max": 5},
+    {"name": "cali_ts", "k_max": 5},
+    {"name": "threshold", "gamma": 0.3, "k_max": 4},
+    {"name": "adaptive_threshold", "k_max": 4},
+]
+
+
+def eesd(target, n_layers, control, sampling=GREEDY, **cfg):
+    mcfg = OmegaConf.create({"name": "eesd", "n_layers": n_layers, "head": "shared", "allow_untrained": True,
+                             "checkpoint": None} | cfg)
+    return build_method("eesd", target, mcfg, sampling, {"control": control})
+
+
+def ar(target, sampling=GREEDY):
+    return build_method("ar", target, OmegaConf.create({"name": "ar"}), sampling, {})
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n_layers=st.integers(1, 3),
+    ctrl=st.sampled_from(CONTROLS),
+    prompt=st.lists(st.integers(3, 258), min_size=1, max_size=12),
+    max_new=st.integers(1, 30),
+    seed=st.integers(0, 1000),
+)
+def test_eesd_greedy_equals_ar(n_layers, ctrl, prompt, max_new, seed):
+    target = tiny_model()
+    eos = target.tokenizer.eos_ids
+    want = ar(target).generate(prompt, max_new, eos, seed).tokens
+    m = eesd(target, n_layers, ctrl)
+    got = m.generate(prompt, max_new, eos, seed)
+    assert got.tokens == want
+    # every cache is back at the committed length (the last token stays pending)
+    committed = len(prompt) + len(got.tokens) - 1
+    assert all(n <= committed for n in m.cache.lengths)
+
+
+def test_exit_at_last_layer_is_the_target_so_everything_is_accepted():
+    """N = L-1 with the exit layer initialised from the last layer is exactly the target: every
+    draft must be accepted. This checks that verification's reuse of the layer-N states and KV
+    entries computed while drafting is exact."""
+    target = tiny_model()
+    m = eesd(target, target.num_layers - 1, {"name": "fixed", "k": 4, "k_max": 4})
+    prompt = target.tokenizer.encode_chat([{"role": "user", "content": "speculate"}])
+    g = m.generate(prompt, 40, frozenset(), 0)
+    assert g.tokens == ar(target).generate(prompt, 40, frozenset(), 0).tokens
+    drafted = sum(s[0] for s in g.steps)
+    assert drafted > 20 and sum(s[1] for s in g.steps) == drafted
+
+
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_eesd_sampling_preserves_distribution(n_layers):
+    """Tokens 1 and 2 of the output (made by speculative steps) follow AR's distribution."""
+    target = tiny_model()
+    sampling = SamplingConfig(temperature=1.0, top_k=5)
+    prompt = target.tokenizer.encode_chat([{"role": "user", "content": "dist"}])
+    m, a = eesd(target, n_layers, {"name": "fixed", "k": 2, "k_max": 2}, sampling), ar(target, sampling)
+    seeds = range(300)
+    for pos in (1, 2):
+        ours = [m.generate(prompt, 3, frozenset(), s).tokens[pos] for s in seeds]
+        ref = [a.generate(prompt, 3, frozenset(), 10_000 + s).tokens[pos] for s in seeds]
+        vocab = sorted(set(ours) | set(ref))
+        table = np.array([[ours.count(v) for v in vocab], [ref.count(v) for v in vocab]])
+        assert chi2_contingency(table)[1] > 1e-3
+
+
+def test_bad_n_layers():
+    target = tiny_model()
+    with pytest.raises(SpecBenchError, match=r"n_layers=4 must be in \[1, 3\]"):
+        eesd(target, 4, CONTROLS[0])
+
+
+def test_missing_checkpoint_says_how_to_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(SpecBenchError, match="python -m specbench.train method=eesd"):
+        eesd(tiny_model(), 2, CONTROLS[0], allow_untrained=False, checkpoint="auto")
+
+
+def _cfg(method: str, overrides: list[str]):
+    base = ["model=tiny-llama", f"method={method}", "train.data.num_prompts=3", "train.data.num_original=6",
+            "train.data.max_new_tokens=12", "train.data.batch_size=3", "train.epochs=3", "train.batch_size=3",
+            "train.max_len=1024", "train.eval_fraction=0.3", "train.cali_predictor.pairs_per_sequence=6",
+            "train.cali_predictor.epochs=2"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=base + overrides)
+
+
+def test_training_lowers_loss_and_checkpoint_reloads_identically(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
+    from specbench.train.__main__ import train
+
+    cfg = _cfg("eesd", ["method.n_layers=2", "train.lr=3e-3"])
+    out = train(cfg)
+    assert out["held_out_loss"][1] < out["held_out_loss"][0]
+    assert (tmp_path / "eesd").is_dir() and (tmp_path / "cali").is_dir()
+
+    target = tiny_model()
+    prompt = target.tokenizer.encode_chat([{"role": "user", "content": "reload"}])
+    trained = build_method("eesd", target, cfg.method, GREEDY, {"control": {"name": "cali_ts", "k_max": 4}})
+    assert trained.describe()["exit_trained"] and trained.controller.needs_hidden
+    again = build_method("eesd", target, cfg.method, GREEDY, {"control": {"name": "cali_ts", "k_max": 4}})
+    g1, g2 = trained.generate(prompt, 20, frozenset(), 3), again.generate(prompt, 20, frozenset(), 3)
+    assert g1.tokens == g2.tokens == ar(target).generate(prompt, 20, frozenset(), 3).tokens
+    assert g1.steps == g2.steps
+    for a, b in zip(trained.exit.state_dict().values(), again.exit.state_dict().values()):
+        assert torch.equal(a, b)
+
+    # a checkpoint trained for another structure is refused, not loaded
+    from specbench.train.checkpoints import load_checkpoint
+
+    path = next((tmp_path / "eesd").glob("*.pt"))
+    with pytest.raises(SpecBenchError, match="was trained for"):
+        load_checkpoint("eesd", target.key, {"n_layers": 3, "head": "shared"}, path)
+
+
+def test_vanilla_draft_distillation_is_picked_up(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
+    from specbench.train.__main__ import train
+
+    cfg = _cfg("vanilla_sd", ["method.draft.num_layers=1", "train.lr=3e-3"])
+    out = train(cfg)
+    assert out["held_out_loss"][1] < out["held_out_loss"][0]
+    target = tiny_model()
+    m = build_method("vanilla_sd", target, cfg.method, GREEDY, {"control": {"name": "fixed", "k": 3, "k_max": 3}})
+    assert m.describe()["draft_trained"] is True
+    prompt = target.tokenizer.encode_chat([{"role": "user", "content": "draft"}])
+    assert m.generate(prompt, 20, frozenset(), 0).tokens == ar(target).generate(prompt, 20, frozenset(), 0).tokens
