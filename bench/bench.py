@@ -41,6 +41,8 @@ SUITES = {
         "runs": [
             ("self_sd-fixed4", ["method=self_sd", "method.skip.source=search", "control=fixed", "control.k=4"]),
             ("self_sd-adaptive", ["method=self_sd", "method.skip.source=search", "control=adaptive_threshold"]),
+            ("self_sd-beta_ts", ["method=self_sd", "method.skip.source=search", "control=beta_ts"]),
+            ("self_sd-cali_ts", ["method=self_sd", "method.skip.source=search", "control=cali_ts"]),
             ("eesd-fixed4", ["method=eesd", "control=fixed", "control.k=4"]),
             ("eesd-beta_ts", ["method=eesd", "control=beta_ts"]),
             ("eesd-cali_ts", ["method=eesd", "control=cali_ts"]),
