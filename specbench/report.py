@@ -650,7 +650,7 @@ def _finish(fig, df, path: Path, labels, written: list[Path]):
     bottom = (0.12 + 0.17 * n_lines) / h
     fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.text(0.01, 0.01, text, fontsize=7.5, color="0.25", va="bottom", ha="left", family="monospace")
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # keep outside legends and long footers
     plt.close(fig)
     written.append(path)
 
@@ -698,7 +698,7 @@ def plot_speedup_vs_k(df, out, labels, written):
             ax.set_title(f"{task}: speedup vs K")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(f"Speedup vs number of draft tokens K, model {model} (cf. EESD Fig. 3)")
+        fig.suptitle(f"Speedup vs draft length K, {model} (cf. EESD Fig. 3)")
         _finish(fig, dm, out / f"speedup_vs_k_{_slug(model)}.png", labels, written)
 
 
@@ -809,14 +809,16 @@ def plot_predicted(df, out, labels, written):
     d = df[df["predicted"].notna() & df["speedup"].notna()]
     if d.empty:
         return _skip("predicted_vs_measured", "no runs with a predicted speedup (profile.enabled=true)")
-    fig, axes = _subplots(1, w=6.5, h=5.5)
+    fig, axes = _subplots(1, w=11.0, h=6.0)
     ax = axes[0]
-    for _, h in d.iterrows():
+    markers = "osD^vP*X"
+    for n, (_, h) in enumerate(d.iterrows()):
         xs = [r.summary.get("predicted_speedup") for r in h["group"].runs]
         ys = [r.summary.get("speedup") for r in h["group"].runs]
         multi = d[d["task"] == h["task"]]["setting"].nunique() > 1
         where = _setting_name(*h["setting"]) if multi else h["task"]
-        ax.scatter(xs, ys, s=40, label=f"{h['label']} / {where}")
+        # many runs: vary marker and colour together so no two legend entries look alike
+        ax.scatter(xs, ys, s=40, marker=markers[n // 10 % len(markers)], label=f"{h['label']} / {where}")
     lim = [0, max(1.1, float(max(d["predicted"].max(), d["speedup"].max())) * 1.1)]
     ax.plot(lim, lim, "k--", lw=1, label="y = x")
     ax.set_xlim(lim)
@@ -825,7 +827,8 @@ def plot_predicted(df, out, labels, written):
     ax.set_ylabel("measured speedup (x)")
     ax.set_title("Predicted vs measured speedup (one point per run)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_aspect("equal")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # outside: never over the points
     _finish(fig, d, out / "predicted_vs_measured.png", labels, written)
 
 
