@@ -69,21 +69,14 @@ class EarlyExit(nn.Module):
 
 
 def load_early_exit(target: ModelAdapter, cfg) -> tuple[EarlyExit, dict]:
-    from specbench.train.checkpoints import load_checkpoint
+    from specbench.train.checkpoints import apply_checkpoint, load_checkpoint
 
     exit_ = EarlyExit(target, int(cfg.get("n_layers", 2)), cfg.get("head", "shared"))
     where = cfg.get("checkpoint", "auto")
     ckpt = load_checkpoint("eesd", target.key, exit_.structure(), where, required=not cfg.get("allow_untrained", False),
                            model_name=target.name)
     info = {"n_layers": exit_.n_layers, "head": exit_.head_mode, "exit_trained": ckpt is not None}
-    if ckpt is not None:
-        exit_.load_state_dict(ckpt["state"], strict=False)
-        info["checkpoint"] = ckpt["path"]
-        info["train_settings"] = ckpt.get("settings")
-    exit_.to(device=target.device, dtype=target.dtype).eval()
-    for p in exit_.parameters():
-        p.requires_grad_(False)
-    return exit_, info
+    return apply_checkpoint(exit_, ckpt, target, info, strict=False), info
 
 
 @register_method

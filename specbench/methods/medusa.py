@@ -76,7 +76,7 @@ class MedusaHeads(nn.Module):
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
-    from specbench.train.checkpoints import load_checkpoint
+    from specbench.train.checkpoints import apply_checkpoint, load_checkpoint
 
     heads = MedusaHeads(target, int(cfg.get("num_heads", 4)), bool(cfg.get("share_head", False)))
     where = cfg.get("checkpoint", "auto")
@@ -90,14 +90,7 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
             + "` or set method.allow_untrained=true"
         )
     info = {"num_heads": heads.num_heads, "share_head": heads.share_head, "heads_trained": ckpt is not None}
-    if ckpt is not None:
-        heads.load_state_dict(ckpt["state"])
-        info["checkpoint"] = ckpt["path"]
-        info["train_settings"] = ckpt.get("settings")
-    heads.to(device=target.device, dtype=target.dtype).eval()
-    for p in heads.parameters():
-        p.requires_grad_(False)
-    return heads, info
+    return apply_checkpoint(heads, ckpt, target, info), info
 
 
 def build_tree(cfg, num_heads: int, settings: dict | None) -> TokenTree:

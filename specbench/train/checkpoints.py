@@ -80,3 +80,16 @@ def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> Path | 
     if unexpected:
         raise SpecBenchError(f"checkpoint {ckpt['path']} does not match the draft model (unexpected {unexpected[:3]})")
     return Path(ckpt["path"])
+
+
+def apply_checkpoint(module, ckpt: dict | None, target, info: dict, strict: bool = True):
+    """Load `ckpt` (if any) into a trainable part, record where it came from in `info`, and
+    make the part ready for inference on the target's device and dtype, frozen."""
+    if ckpt is not None:
+        module.load_state_dict(ckpt["state"], strict=strict)
+        info["checkpoint"] = ckpt["path"]
+        info["train_settings"] = ckpt.get("settings")
+    module.to(device=target.device, dtype=target.dtype).eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
