@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench.engine.sampling import SamplingConfig
+from specbench.engine.timer import check_mode, synced_now
 from specbench.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
@@ -109,9 +110,6 @@ class RunDir:
 
 def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, reps: int = 3) -> dict[int, float]:
     """Median seconds of a full-model forward over k new tokens after `context` cached ones."""
-    from specbench.engine.timer import PhaseTimer
-
-    timer = PhaseTimer(target.device)
     ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
     cache = target.new_cache()
     target.forward(ids[:context], cache, last_only=True)
@@ -119,9 +117,9 @@ def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, rep
     for k in ks:
         times = []
         for _ in range(reps + 1):  # first is a warm-up
-            t0 = timer._now()
+            t0 = synced_now(target.device)
             target.forward(ids[context : context + k], cache)
-            times.append(timer._now() - t0)
+            times.append(synced_now(target.device) - t0)
             cache.crop(context)
         out[k] = statistics.median(times[1:])
     return out
@@ -177,7 +175,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         rec["base"] = {k: results["base"][k] for k in ("new_tokens", "wall", "tokens_per_s", "quality", "text")}
     rec["matches_ar"] = a["tokens"] == m["tokens"]
     rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
-    if costs and m.get("acceptance"):
+    if costs and m.get("acceptance") and "draft" in m["times"]:  # timing=coarse: no draft time
         draft_cost = m["times"].get("draft", 0.0) / max(1, m["acceptance"]["drafted"])
         rec["predicted_speedup"] = predicted_speedup(m["steps"], m["new_tokens"], draft_cost, costs, len(m["tokens"]))
     return rec
@@ -223,7 +221,7 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
         out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
         drafted = max(1, acc["drafted"])
         draft_cost = m["times"].get("draft", 0.0) / drafted
-        if costs:
+        if costs and "draft" in m["times"]:  # timing=coarse records the wall only
             out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs, n_seq)
             out["alpha"] = draft_cost / interp_cost(costs, 1)
             out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
@@ -289,6 +287,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     if float(cfg.sampling.temperature) < 0:
         raise SpecBenchError(f"sampling.temperature must be >= 0 (0: greedy), got {cfg.sampling.temperature}")
+    check_mode(str(cfg.get("timing", "fine")))
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)
