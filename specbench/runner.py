@@ -270,6 +270,11 @@ def print_summary(s: dict, meta: dict) -> str:
         lines.append(
             "time share (method): " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items())
         )
+        if s.get("per_category"):
+            lines.append("per category:")
+        for c, cs in (s.get("per_category") or {}).items():
+            tau = (cs.get("acceptance") or {}).get("tau")
+            lines.append(f"  {c[:22]:22} {cs['samples']:>4} samples  speedup {_fmt(cs.get('speedup'), '.3f')}x  tau {_fmt(tau, '.2f')}")
     text = "\n".join(lines)
     print(text)
     return text
