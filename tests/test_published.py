@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from specbench.errors import SpecBenchError
 from specbench.methods.self_sd import resolve_skip
 from specbench.models import LayerSkip
+from specbench.models.published import is_medusa_checkpoint
 from tests.helpers import ar_tokens, build, tiny_model
 
 D, V = 64, 259  # tiny-llama's hidden size and byte vocabulary
@@ -133,8 +134,10 @@ def test_medusa_bad_files(tmp_path):
     with pytest.raises(SpecBenchError, match=r"no medusa_lm_head.safetensors or medusa_lm_head.pt"):
         medusa(d)
     # a hub id that is not cached, offline: one line, no traceback
-    with pytest.raises(SpecBenchError, match=r"Medusa heads 'nobody/no-such-heads': not a local directory"):
-        medusa("nobody/no-such-heads")
+    with pytest.raises(SpecBenchError, match=r"Medusa heads 'nobody/medusa-x-v1.3': not a local directory"):
+        medusa("nobody/medusa-x-v1.3")
+    assert is_medusa_checkpoint("FasterDecoding/medusa-vicuna-7b-v1.3") and not is_medusa_checkpoint("cache/heads.pt")
+    assert not is_medusa_checkpoint("auto") and not is_medusa_checkpoint(None)
 
 
 # -- Self-SD skip sets --------------------------------------------------------------------------

@@ -95,7 +95,9 @@ def is_medusa_checkpoint(where) -> bool:
     p = Path(str(where)).expanduser()
     if p.is_dir():
         return any((p / f).is_file() for f in MEDUSA_FILES) or (p / "config.json").is_file()
-    return not p.exists() and p.suffix == "" and str(where).count("/") == 1 and not str(where).startswith((".", "/", "~"))
+    w = str(where)
+    return (not p.exists() and w.count("/") == 1 and not w.startswith((".", "/", "~"))
+            and not w.endswith((".pt", ".pth", ".bin", ".safetensors", ".json")))
 
 
 def _read_state(path: Path) -> dict[str, torch.Tensor]:
