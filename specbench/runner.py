@@ -268,7 +268,7 @@ def print_summary(s: dict, meta: dict) -> str:
             lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
         share = m["time_share"]
         lines.append(
-            "time share (method): " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items())
+            "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")
         )
         if s.get("per_category"):
             lines.append("per category:")

@@ -121,3 +121,26 @@ def test_unknown_timing_mode():
 def test_synced_now_cpu_needs_no_cuda():
     assert timer_mod.synced_now("cpu") > 0
     assert OmegaConf.load("conf/config.yaml").timing == "fine"
+
+
+def test_coarse_run_end_to_end(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from specbench.runner import run
+    from tests.helpers import CONF
+
+    before = torch.is_grad_enabled()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=tiny-llama", "method=pld", "task=jsonl", f"task.path={tmp_path / 'p.jsonl'}", "max_new_tokens=8",
+            "timing=coarse", "profile.ks=[1,2]", "profile.reps=1", "profile.context=8", "progress=false",
+            "warmup_tokens=2", f"run_dir={tmp_path / 'run'}"])
+    (tmp_path / "p.jsonl").write_text('{"prompt": "abcabcabc"}\n{"prompt": "hello hello"}\n')
+    s = run(cfg)
+    torch.set_grad_enabled(before)
+    assert set(s["method"]["times"]) == {"wall"} and set(s["ar"]["times"]) == {"wall"}
+    assert s["speedup"] is not None and "predicted_speedup" not in s  # no draft time: no cost-model prediction
+    assert "n/a (timing=coarse" in s["printed"]
+    with pytest.raises(SpecBenchError, match="unknown timing 'fast'; allowed: coarse, fine"):
+        run(OmegaConf.merge(cfg, {"timing": "fast", "run_dir": str(tmp_path / "other")}))
+    assert not (tmp_path / "other").exists()  # refused before anything is written
