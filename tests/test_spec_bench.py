@@ -113,3 +113,23 @@ def test_run_summary_and_leaderboard(tmp_path, question_file, capsys):
     assert "Spec-Bench tau per category" in md
     pngs = [p for p in out["plots"] if p.name.startswith("spec_bench_leaderboard_")]
     assert len(pngs) == 1 and pngs[0].stat().st_size > 0
+
+
+def test_download_when_allowed_then_cached(tmp_path, monkeypatch):
+    import io
+    import urllib.request
+
+    body = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
+    fetched = []
+
+    def fake_urlopen(url, timeout=None):
+        fetched.append(url)
+        return io.BytesIO(body)
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    t = build_task(cfg(None, data_dir=str(tmp_path / "empty")))
+    assert len(t.load()) == len(ROWS) and fetched == ["https://example.invalid/q.jsonl"]
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # offline later: the cached copy is used
+    assert len(build_task(cfg(None, data_dir=str(tmp_path / "empty"))).load()) == len(ROWS) and len(fetched) == 1
