@@ -40,6 +40,8 @@ def fingerprint(cfg: DictConfig) -> dict:
         c.pop(k, None)
         c.get("task", {}).pop(k, None)
     c.pop("run_dir", None)
+    if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
+        c.pop("timing")
     return c
 
 

@@ -144,3 +144,11 @@ def test_coarse_run_end_to_end(tmp_path):
     with pytest.raises(SpecBenchError, match="unknown timing 'fast'; allowed: coarse, fine"):
         run(OmegaConf.merge(cfg, {"timing": "fast", "run_dir": str(tmp_path / "other")}))
     assert not (tmp_path / "other").exists()  # refused before anything is written
+
+
+def test_fingerprint_keeps_old_run_dirs_resumable():
+    from specbench.runner import fingerprint
+
+    base = OmegaConf.create({"seed": 0, "method": {"name": "pld"}, "task": {"name": "gsm8k"}})
+    assert fingerprint(OmegaConf.merge(base, {"timing": "fine"})) == fingerprint(base)  # recorded before `timing` existed
+    assert fingerprint(OmegaConf.merge(base, {"timing": "coarse"}))["timing"] == "coarse"
