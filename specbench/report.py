@@ -44,6 +44,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecBenchError
+from specbench.leaderboard import leaderboard_tables, plot_leaderboard
 from specbench.stats import PairedTest, mean_std, wilcoxon_paired
 
 SEED_SUFFIX = re.compile(r"[-_.]?seed[-_=]?(\d+)$")
@@ -889,11 +890,14 @@ def report(dirs, out=None, baseline: str | None = None) -> dict:
     out = Path(out) if out else dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     tables = make_tables(df, baseline)
+    tables += [Table(*t) for t in leaderboard_tables(df)]
     (out / "tables.md").write_text(render_md(tables, runs))
     (out / "tables.tex").write_text(render_tex(tables, runs))
     written: list[Path] = []
     for fn in (plot_speedup_vs_k, plot_vs_n, plot_speedup_vs_param, plot_position_acceptance, plot_time_breakdown, plot_categories, plot_predicted):
         fn(df, out, labels, written)
+    if not plot_leaderboard(df, out, lambda fig, d, path: _finish(fig, d, path, labels, written)):
+        _skip("spec_bench_leaderboard", "no task=spec_bench runs")
     print(f"report: {len(runs)} runs in {len(groups)} systems -> {out} (tables.md, tables.tex, {len(written)} plots)")
     return {"out": out, "runs": runs, "groups": groups, "frame": df, "tables": tables, "plots": written}
 

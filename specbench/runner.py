@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench.engine.sampling import SamplingConfig
+from specbench.engine.timer import check_mode, synced_now
 from specbench.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
@@ -39,6 +40,8 @@ def fingerprint(cfg: DictConfig) -> dict:
         c.pop(k, None)
         c.get("task", {}).pop(k, None)
     c.pop("run_dir", None)
+    if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
+        c.pop("timing")
     return c
 
 
@@ -109,9 +112,6 @@ class RunDir:
 
 def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, reps: int = 3) -> dict[int, float]:
     """Median seconds of a full-model forward over k new tokens after `context` cached ones."""
-    from specbench.engine.timer import PhaseTimer
-
-    timer = PhaseTimer(target.device)
     ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
     cache = target.new_cache()
     target.forward(ids[:context], cache, last_only=True)
@@ -119,9 +119,9 @@ def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, rep
     for k in ks:
         times = []
         for _ in range(reps + 1):  # first is a warm-up
-            t0 = timer._now()
+            t0 = synced_now(target.device)
             target.forward(ids[context : context + k], cache)
-            times.append(timer._now() - t0)
+            times.append(synced_now(target.device) - t0)
             cache.crop(context)
         out[k] = statistics.median(times[1:])
     return out
@@ -177,7 +177,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         rec["base"] = {k: results["base"][k] for k in ("new_tokens", "wall", "tokens_per_s", "quality", "text")}
     rec["matches_ar"] = a["tokens"] == m["tokens"]
     rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
-    if costs and m.get("acceptance"):
+    if costs and m.get("acceptance") and "draft" in m["times"]:  # timing=coarse: no draft time
         draft_cost = m["times"].get("draft", 0.0) / max(1, m["acceptance"]["drafted"])
         rec["predicted_speedup"] = predicted_speedup(m["steps"], m["new_tokens"], draft_cost, costs, len(m["tokens"]))
     return rec
@@ -223,7 +223,7 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
         out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
         drafted = max(1, acc["drafted"])
         draft_cost = m["times"].get("draft", 0.0) / drafted
-        if costs:
+        if costs and "draft" in m["times"]:  # timing=coarse records the wall only
             out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs, n_seq)
             out["alpha"] = draft_cost / interp_cost(costs, 1)
             out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
@@ -270,8 +270,13 @@ def print_summary(s: dict, meta: dict) -> str:
             lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
         share = m["time_share"]
         lines.append(
-            "time share (method): " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items())
+            "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")
         )
+        if s.get("per_category"):
+            lines.append("per category:")
+        for c, cs in (s.get("per_category") or {}).items():
+            tau = (cs.get("acceptance") or {}).get("tau")
+            lines.append(f"  {c[:22]:22} {cs['samples']:>4} samples  speedup {_fmt(cs.get('speedup'), '.3f')}x  tau {_fmt(tau, '.2f')}")
     text = "\n".join(lines)
     print(text)
     return text
@@ -289,6 +294,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     if float(cfg.sampling.temperature) < 0:
         raise SpecBenchError(f"sampling.temperature must be >= 0 (0: greedy), got {cfg.sampling.temperature}")
+    check_mode(str(cfg.get("timing", "fine")))
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)

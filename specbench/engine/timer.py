@@ -1,8 +1,20 @@
-"""Per-phase wall-clock timing (draft / verify / control / prefill), CUDA-synchronised.
+"""Per-phase timing (prefill / draft / verify / control) that does not change what it measures.
 
 Phases nest: time spent in an inner phase (a controller called from inside the draft loop) is
 charged to the inner phase only. "other" is whatever of the wall time no phase claimed: the
 harness's own overhead (cache bookkeeping, list appends, stop checks).
+
+How the clock is read (`timing=` in the run config):
+- `fine` (default): every phase boundary appends a mark to a timeline. On CPU a mark is
+  `time.perf_counter()`. On CUDA it is a recorded `torch.cuda.Event`: recording is queued on the
+  stream and never waits for the GPU, so the breakdown adds no host synchronisation; the
+  timeline is resolved once, at `stop()`, after one wait on the last event. Synchronising at
+  every boundary instead (what this module did before) serialises host and GPU, and per draft
+  token that inflates exactly the shares it reports.
+- `coarse`: wall clock only (`{"wall": s}`), no marks at all; for checking that the breakdown
+  does not move the speedup (bench/timing_modes.py).
+On CUDA both modes synchronise once at `start()` (earlier queued work is not billed to this
+sample) and once at `stop()`: two waits per generation, none per decoding step.
 """
 
 from __future__ import annotations
@@ -12,43 +24,78 @@ from contextlib import contextmanager
 
 import torch
 
+from specbench.errors import choice_error
+
 PHASES = ("prefill", "draft", "verify", "control")
+MODES = ("fine", "coarse")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise choice_error("timing", mode, MODES)
+    return mode
+
+
+def synced_now(device: torch.device | str = "cpu") -> float:
+    """Host clock after the device has finished its queued work (for profiling, not per phase)."""
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 class PhaseTimer:
-    def __init__(self, device: torch.device | str = "cpu"):
-        self.cuda = torch.device(device).type == "cuda"
-        self.totals = {p: 0.0 for p in PHASES}
-        self._stack: list[tuple[str, float]] = []
+    def __init__(self, device: torch.device | str = "cpu", mode: str = "fine"):
+        self.device = device
+        self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.fine = check_mode(mode) == "fine"
+        self.totals = {p: 0.0 for p in PHASES} if self.fine else {}
+        self._stack: list[str] = []
+        # timeline: (mark, phase running from this mark to the next one; None: no phase)
+        self._marks: list[tuple[object, str | None]] = []
 
     def _now(self) -> float:
+        return synced_now(self.device)
+
+    def _mark(self):
         if self.cuda:
-            torch.cuda.synchronize()
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
         return time.perf_counter()
+
+    def _elapsed(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000.0 if self.cuda else b - a
 
     @contextmanager
     def phase(self, name: str):
-        now = self._now()
-        if self._stack:  # pause the enclosing phase
-            outer, since = self._stack[-1]
-            self.totals[outer] += now - since
-        self._stack.append((name, now))
+        if not self.fine:
+            yield
+            return
+        self._stack.append(name)
+        self._marks.append((self._mark(), name))
         try:
             yield
         finally:
-            end = self._now()
-            _, since = self._stack.pop()
-            self.totals[name] = self.totals.get(name, 0.0) + end - since
-            if self._stack:
-                outer, _ = self._stack[-1]
-                self._stack[-1] = (outer, end)
+            self._stack.pop()
+            self._marks.append((self._mark(), self._stack[-1] if self._stack else None))
 
     def start(self) -> None:
-        self.t0 = self._now()
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._stack.clear()
+        self._marks = [(self._mark(), None)]
 
     def stop(self) -> dict[str, float]:
-        wall = self._now() - self.t0
+        end = self._mark()
+        if self.cuda:
+            end.synchronize()  # the one wait: every earlier mark has completed too
+        marks = self._marks + [(end, None)]
+        wall = self._elapsed(marks[0][0], end)
         out = dict(self.totals)
-        out["other"] = max(0.0, wall - sum(self.totals.values()))
+        if self.fine:
+            for (a, name), (b, _) in zip(marks, marks[1:]):
+                if name is not None:
+                    out[name] = out.get(name, 0.0) + self._elapsed(a, b)
+            out["other"] = max(0.0, wall - sum(out.values()))
         out["wall"] = wall
         return out

@@ -51,7 +51,9 @@ class Method:
         self.cfg = cfg
         self.sampling = sampling
         self.ctx = ctx or {}
-        self.timer = PhaseTimer(target.device)
+        run_cfg = self.ctx.get("cfg") or {}
+        self.timing = str(run_cfg.get("timing", "fine"))  # engine/timer.py: fine | coarse
+        self.timer = PhaseTimer(target.device, self.timing)
         self.gen: torch.Generator | None = None
 
     # -- one sequence ------------------------------------------------------------------------
@@ -68,7 +70,7 @@ class Method:
         return {"method": self.name, "lossless": self.lossless}
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos_ids, seed: int) -> Generation:
-        self.timer = PhaseTimer(self.target.device)
+        self.timer = PhaseTimer(self.target.device, self.timing)
         self.gen = torch.Generator().manual_seed(int(seed))
         self.seed = int(seed)
         self.timer.start()
@@ -195,6 +197,7 @@ class SpeculativeMethod(ARMethod):
                 tok = sample(q, self.gen)
                 q_rows.append(q)
             drafts.append(tok)
+            # a timer phase, not a wait: on CUDA it records events (engine/timer.py)
             with self.timer.phase("control"):
                 # confidence = max draft probability (Self-SD's draft-exit rule, its Algorithm 4)
                 info = DraftInfo(len(drafts), float(conf_probs.max()), hidden, self.target_hidden)

@@ -54,7 +54,7 @@ class HFAssisted(Method):
             kwargs["prompt_lookup_num_tokens"] = self.k
         from specbench.engine.timer import PhaseTimer
 
-        self.timer = PhaseTimer(self.target.device)
+        self.timer = PhaseTimer(self.target.device, self.timing)
         torch.manual_seed(int(seed))
         ids = torch.tensor([prompt], device=self.target.device)
         self.timer.start()

@@ -28,7 +28,7 @@ from specbench.engine.sampling import next_token
 from specbench.engine.tree import TokenTree, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 from specbench.errors import SpecBenchError
 from specbench.methods.base import Method, StepResult, register_method
-from specbench.models import ModelAdapter
+from specbench.models import ModelAdapter, published
 
 TRAIN_CMD = "python -m specbench.train method=medusa model={model} method.num_heads={k} method.share_head={share}"
 
@@ -78,6 +78,9 @@ class MedusaHeads(nn.Module):
 def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
     from specbench.train.checkpoints import apply_checkpoint, load_checkpoint
 
+    if published.is_medusa_checkpoint(cfg.get("checkpoint")):  # the Medusa authors' format (models/published.py)
+        heads, info = published.load_medusa_heads(str(cfg.checkpoint), target.hidden_size, target.vocab_size, target.dtype)
+        return apply_checkpoint(heads, None, target, info), info
     heads = MedusaHeads(target, int(cfg.get("num_heads", 4)), bool(cfg.get("share_head", False)))
     where = cfg.get("checkpoint", "auto")
     allow = bool(cfg.get("allow_untrained", False))
@@ -93,7 +96,7 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
     return apply_checkpoint(heads, ckpt, target, info), info
 
 
-def build_tree(cfg, num_heads: int, settings: dict | None) -> TokenTree:
+def build_tree(cfg, num_heads: int, settings: dict | None, published_tree: list | None = None) -> TokenTree:
     n_acc = cfg.get("tree_from_accuracies")
     if n_acc:
         acc = (settings or {}).get("head_accuracy")
@@ -101,8 +104,12 @@ def build_tree(cfg, num_heads: int, settings: dict | None) -> TokenTree:
             raise SpecBenchError("medusa tree_from_accuracies needs trained heads (their checkpoint stores the per-head "
                                  "accuracies); train them or give method.tree / method.sizes")
         tree = TokenTree.from_accuracies(acc[:num_heads], int(n_acc))
+    elif isinstance(cfg.get("tree"), str):  # a tree of Medusa's by name, or a JSON file of paths
+        tree = TokenTree.from_paths(published.medusa_tree(cfg.tree))
     elif cfg.get("tree") is not None:
         tree = TokenTree.from_paths([list(p) for p in cfg.tree])
+    elif published_tree is not None:
+        tree = TokenTree.from_paths(published_tree)
     else:
         tree = TokenTree.cartesian(list(cfg.get("sizes", [2, 2, 1, 1])))
     if tree.max_depth > num_heads:
@@ -118,7 +125,13 @@ class Medusa(Method):
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
         self.heads, self.info = load_heads(target, cfg)
-        self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"))
+        default_tree = None
+        if self.info.get("published") and cfg.get("tree") is None and not cfg.get("tree_from_accuracies"):
+            # published heads: decode with the authors' tree, as their medusa_generate does
+            default_tree, self.info["tree_source"] = published.default_medusa_tree()
+            if default_tree is None:
+                self.info["tree_source"] += f"; dense tree sizes={list(cfg.get('sizes', [2, 2, 1, 1]))}"
+        self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"), default_tree)
         self.acceptance = str(cfg.get("acceptance", "auto"))
         if self.acceptance not in ("auto", "typical"):
             raise SpecBenchError(f"unknown medusa acceptance {self.acceptance!r}; allowed: auto, typical")

@@ -42,7 +42,7 @@ import torch
 
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
-from specbench.models import LayerSkip, ModelAdapter
+from specbench.models import LayerSkip, ModelAdapter, published
 
 SOURCES = ("auto", "explicit", "search", "heuristic")
 
@@ -100,10 +100,12 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
     """The skip set named by `cfg` (the method's `skip` group) and a description of it."""
     cfg = cfg or {}
     source = cfg.get("source") or "auto"
-    if source not in SOURCES:
-        raise SpecBenchError(f"unknown skip.source {source!r}; allowed: {', '.join(SOURCES)}")
     attn, mlp = list(cfg.get("attn") or []), list(cfg.get("mlp") or [])
     n = target.num_layers
+    if source not in SOURCES and (Path(str(source)).suffix == ".json" or Path(str(source)).expanduser().is_file()):
+        return _published_skip(Path(str(source)).expanduser(), cfg, n, bool(attn or mlp))
+    if source not in SOURCES:
+        raise SpecBenchError(f"unknown skip.source {source!r}; allowed: {', '.join(SOURCES)} or a skip-set file (.json)")
     if source == "auto":
         source = "explicit" if attn or mlp else "heuristic"
     elif source != "explicit" and (attn or mlp):
@@ -136,12 +138,31 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
             check_layers("attn", result["skip"]["attn"], n), check_layers("mlp", result["skip"]["mlp"], n)
         )
         info.update(skip_file=str(path), skip_search_objective=result.get("objective"))
+    return skip, _describe(skip, n, info)
+
+
+def _describe(skip: LayerSkip, n: int, info: dict) -> dict:
     info.update(
         skip_attn=sorted(skip.attn),
         skip_mlp=sorted(skip.mlp),
         skipped_fraction=round((len(skip.attn) + len(skip.mlp)) / (2 * n), 4),
     )
-    return skip, info
+    return info
+
+
+def _published_skip(path: Path, cfg, n: int, explicit_given: bool) -> tuple[LayerSkip, dict]:
+    """A skip set as Self-SD publishes them (skip_layers.json; models/published.py)."""
+    if explicit_given:
+        raise SpecBenchError(f"skip.attn/skip.mlp are not used with skip.source={str(path)!r}; clear them")
+    if not path.is_file():
+        raise SpecBenchError(f"skip.source={str(path)!r}: no such file")
+    attn, mlp, entry = published.load_skip_set(path, cfg.get("model"))
+    where = f"{path} [{entry}]"
+    try:
+        skip = LayerSkip(check_layers("attn", attn, n), check_layers("mlp", mlp, n))
+    except SpecBenchError as e:  # say which file (published sets are per model: a 13B set on a 7B fails here)
+        raise SpecBenchError(f"{where}: {e}") from None
+    return skip, _describe(skip, n, {"skip_source": "file", "skip_file": str(path), "skip_entry": entry})
 
 
 @register_method

@@ -27,6 +27,21 @@ class LayerSkip:
     mlp: frozenset[int] = frozenset()
 
 
+def layer_device(module: nn.Module) -> torch.device | None:
+    """Where a module computes: accelerate's execution device when it dispatched the module
+    (its weights may sit on `meta`, offloaded), else the device of its first parameter."""
+    hook = getattr(module, "_hf_hook", None)
+    dev = getattr(hook, "execution_device", None)
+    if dev is not None:
+        return torch.device(dev if not isinstance(dev, int) else f"cuda:{dev}")
+    p = next(module.parameters(), None)
+    return None if p is None or p.device.type == "meta" else p.device
+
+
+def to_device(x: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    return x if device is None or x.device == device else x.to(device)
+
+
 class ModelAdapter:
     def __init__(self, model: nn.Module, tokenizer, name: str = "model"):
         self.model = model.eval()
@@ -48,6 +63,10 @@ class ModelAdapter:
         self.config = model.config
         for p in model.parameters():
             p.requires_grad_(False)
+        # device_map=auto (accelerate) spreads layers over devices: hidden states then follow
+        # the layers, and each layer's KV cache entries are made (and stay) on its own device
+        devices = {layer_device(m) for m in [self.embed_tokens, *self.layers, self.norm, self.lm_head]}
+        self.multi_device = len(devices - {None}) > 1
 
     # -- facts -------------------------------------------------------------------------------
     @property
@@ -76,11 +95,13 @@ class ModelAdapter:
     # -- pieces ------------------------------------------------------------------------------
     def embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
         """[q] or [B, q] token ids -> [1 or B, q, d]."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        ids = torch.as_tensor(ids, dtype=torch.long, device=layer_device(self.embed_tokens) if self.multi_device else self.device)
         return self.embed_tokens(ids if ids.dim() == 2 else ids.view(1, -1))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: [1, q, d] -> logits [1, q, V]."""
+        if self.multi_device:
+            return self.lm_head(to_device(self.norm(to_device(hidden, layer_device(self.norm))), layer_device(self.lm_head)))
         return self.lm_head(self.norm(hidden))
 
     def run_layers(
@@ -112,11 +133,17 @@ class ModelAdapter:
         for k, layer in enumerate(mods):
             idx = first + k
             past = cache.length(idx) if cache is not None else 0
-            if past not in pos_embs:
-                pos = positions if positions is not None else torch.arange(past, past + q, device=hidden.device)
-                pos_embs[past] = self.rotary_emb(hidden, pos.view(1, -1))
-                masks[past] = self._mask(past, q, tree_mask, hidden.dtype, hidden.device)
-            hidden = self._layer(layer, idx, hidden, cache, pos_embs[past], masks[past], skip)
+            dev = layer_device(layer) if self.multi_device else None
+            hidden = to_device(hidden, dev)
+            key = (past, dev)
+            if key not in pos_embs:
+                pos = positions.to(hidden.device) if positions is not None else torch.arange(past, past + q, device=hidden.device)
+                pos_embs[key] = self.rotary_emb(hidden, pos.view(1, -1))
+                masks[key] = self._mask(past, q, tree_mask, hidden.dtype, hidden.device)
+                if dev is not None:  # a dispatched rotary module may answer on its own device
+                    pos_embs[key] = tuple(to_device(t, dev) for t in pos_embs[key])
+                    masks[key] = None if masks[key] is None else to_device(masks[key], dev)
+            hidden = self._layer(layer, idx, hidden, cache, pos_embs[key], masks[key], skip)
         return hidden
 
     def _layer(self, layer, idx, hidden, cache, pos_emb, mask, skip: LayerSkip | None):
@@ -177,5 +204,8 @@ class ModelAdapter:
         h = self.run_layers(self.embed(ids), cache, positions=positions, tree_mask=tree_mask, skip=skip)
         if last_only:
             h = h[:, -1:]
+        if self.multi_device:  # hidden states are returned where the logits are (self.device)
+            h = to_device(self.norm(to_device(h, layer_device(self.norm))), layer_device(self.lm_head))
+            return self.lm_head(h)[0], h[0]
         h = self.norm(h)
         return self.lm_head(h)[0], h[0]
