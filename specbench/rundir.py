@@ -229,3 +229,40 @@ def _record(line: bytes) -> dict | None:
     if not isinstance(rec.get("ar"), dict):
         return None
     return rec
+
+
+def read_finished(path: Path, summary: dict) -> tuple[dict, list[dict]]:
+    """The fingerprint and sample records of a finished run dir, for the report; a run still
+    being written, damaged, or mixed (its files disagree) is refused with one line."""
+    path = Path(path)
+    pid = lock_holder(path)
+    if pid is not None:
+        raise SpecBenchError(f"run dir {path} is still being written (pid {pid}); wait for it to finish")
+    try:
+        config = json.loads((path / "config.json").read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        raise SpecBenchError(f"run dir {path} has no config.json: cannot tell what produced its results") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecBenchError(f"{path / 'config.json'} is damaged ({e})") from None
+    samples = path / "samples.jsonl"
+    records, seen = [], set()
+    for i, line in enumerate(samples.read_bytes().splitlines() if samples.exists() else [], 1):
+        rec = _record(line)
+        if rec is None:
+            raise SpecBenchError(f"{samples}:{i} is not a sample record: refusing a damaged run")
+        if rec["id"] in seen:
+            raise SpecBenchError(f"{samples} holds sample {rec['id']!r} twice (two runs wrote into one dir): refusing a mixed run")
+        seen.add(rec["id"])
+        records.append(rec)
+    n = summary.get("samples")
+    if not isinstance(n, int) or n > len(records):
+        raise SpecBenchError(f"{path}/summary.json counts {n!r} samples but samples.jsonl holds {len(records)}: refusing a mixed or damaged run")
+    meta = summary.get("meta") or {}
+    for key in ("method", "model", "task"):
+        if key in meta and meta[key] != (config.get(key) or {}).get("name"):
+            raise SpecBenchError(
+                f"{path}: summary.json says {key} {meta[key]!r}, config.json {(config.get(key) or {}).get('name')!r}: refusing a mixed run"
+            )
+    return config, records
