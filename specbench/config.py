@@ -117,9 +117,12 @@ def precheck(argv: list[str]) -> None:
 # ----------------------------------------------------------------------------- validation
 
 
+ABSENT = object()  # a key the config does not have (hand-built configs): nothing to check
+
+
 def _get(cfg, key: str):
     try:
-        return OmegaConf.select(cfg, key, throw_on_missing=True)
+        return OmegaConf.select(cfg, key, default=ABSENT, throw_on_missing=True)
     except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
         raise SpecBenchError(f"{key}: {one_line(e, 1)}") from None
 
@@ -138,7 +141,7 @@ def _bad(key: str, value, allowed: str) -> SpecBenchError:
 
 def _int(cfg, key, lo=None, none_ok=False, extra=()):
     v = _get(cfg, key)
-    if (v is None and none_ok) or v in extra:
+    if v is ABSENT or (v is None and none_ok) or v in extra:
         return v
     allowed = "an integer" + (f" >= {lo}" if lo is not None else "")
     allowed += " or null" if none_ok else ""
@@ -150,6 +153,8 @@ def _int(cfg, key, lo=None, none_ok=False, extra=()):
 
 def _num(cfg, key, lo=None, hi=None, lo_open=False):
     v = _get(cfg, key)
+    if v is ABSENT:
+        return v
     low = "" if lo is None else (f" > {lo}" if lo_open else f" >= {lo}")
     allowed = "a number" + low + (f" and <= {hi}" if hi is not None else "")
     if not _is_num(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
@@ -159,7 +164,7 @@ def _num(cfg, key, lo=None, hi=None, lo_open=False):
 
 def _bool(cfg, key):
     v = _get(cfg, key)
-    if v is not None and not isinstance(v, bool):
+    if v is not ABSENT and v is not None and not isinstance(v, bool):
         raise _bad(key, v, "true or false")
 
 
@@ -174,7 +179,7 @@ def validate(cfg: DictConfig) -> None:
     _num(cfg, "sampling.temperature", 0)
     _num(cfg, "sampling.top_p", 0, 1, lo_open=True)
     _int(cfg, "sampling.top_k", 0)
-    if _get(cfg, "profile.enabled"):
+    if _get(cfg, "profile.enabled") not in (ABSENT, None, False):
         ks = _get(cfg, "profile.ks")
         if not isinstance(ks, ListConfig) or not ks or not all(_is_int(k) and k >= 1 for k in ks):
             raise _bad("profile.ks", ks, "a non-empty list of integers >= 1")
@@ -199,18 +204,18 @@ def _method(cfg):
     if _get(cfg, "method.name") == "pld":
         lo = _int(cfg, "method.min_ngram", 1)
         hi = _int(cfg, "method.max_ngram", 1)
-        if hi < lo:
+        if lo is not ABSENT and hi is not ABSENT and hi < lo:
             raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
 
 
 def _control(cfg):
     for key in ("control.k", "control.k_max"):
-        if _get(cfg, key) is not None:
+        if _get(cfg, key) not in (ABSENT, None):
             _int(cfg, key, 1)
 
 
 def _model(cfg):
-    if _get(cfg, "model.loader") != "hf" or not _get(cfg, "model.id"):
+    if _get(cfg, "model.loader") != "hf" or _get(cfg, "model.id") in (ABSENT, None, ""):
         return
     p = Path(str(_get(cfg, "model.id"))).expanduser()
     if p.is_dir() and not (p / "config.json").is_file():
@@ -254,7 +259,7 @@ def _against_defaults(cfg):
             if not _is_num(default) or key in EXPLICIT:
                 continue
             v = _get(cfg, key)
-            if v is None:
+            if v is None or v is ABSENT:
                 continue
             if _is_int(default) and not _is_int(v):
                 raise _bad(key, v, "an integer")

@@ -191,3 +191,10 @@ def test_plain_fallback_warns_loudly(capfd):
     sandbox._warn_unisolated.cache_clear()
     assert run_python("pass", isolate=False).passed
     assert "WITHOUT isolation" in capfd.readouterr().err
+
+
+def test_sees_no_project_or_home_files(isolated):
+    targets = [REPO / "README.md", Path.home() / ".bashrc"]
+    code = "".join(f"try:\n    open({str(p)!r}).read()\n    print('read', {str(p)!r})\nexcept OSError:\n    pass\n" for p in targets)
+    r = run_python(code, isolate=True)
+    assert r.passed and "read" not in r.output, r.output

@@ -2,7 +2,9 @@
 
 Isolation: with bubblewrap (`bwrap`, Debian package `bubblewrap`) the code runs in new PID,
 network, IPC and UTS namespaces, on a read-only view of the filesystem with a private tmpfs at
-/tmp, a fresh /proc and /dev, no capabilities, an empty environment, and `--die-with-parent`.
+/tmp, a fresh /proc and /dev, no capabilities, an empty environment, and `--die-with-parent`;
+of the host it sees only the system directories and this Python's installation (not the
+project, the data, or home directories).
 It sees none of the harness's processes (so it cannot signal the harness or read its
 environment), cannot reach the network and cannot write anywhere that outlives the call; when
 the sandbox's first process ends the kernel kills everything left in its PID namespace (a
@@ -75,9 +77,27 @@ def bwrap_usable() -> str | None:
     return exe if r.returncode == 0 else None
 
 
+# what the sandbox sees of the host, read-only: the system, and this Python's installation
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
+             "/etc/group", "/etc/nsswitch.conf")
+
+
+def _host_view() -> list[str]:
+    args = []
+    for p in SYSTEM_DIRS:
+        if os.path.islink(p):  # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(p), p]
+        else:
+            args += ["--ro-bind-try", p, p]
+    for p in ETC_FILES + tuple(dict.fromkeys((sys.base_prefix, sys.prefix))):
+        args += ["--ro-bind-try", p, p]
+    return args
+
+
 def _bwrap_argv(exe: str) -> list[str]:
     return [
-        exe, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc",
+        exe, *_host_view(), "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc",
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
