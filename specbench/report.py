@@ -45,6 +45,7 @@ import pandas as pd
 
 from specbench.errors import SpecBenchError
 from specbench.leaderboard import leaderboard_tables, plot_leaderboard
+from specbench.rundir import OLD_MARK, read_finished
 from specbench.stats import PairedTest, mean_std, wilcoxon_paired
 
 SEED_SUFFIX = re.compile(r"[-_.]?seed[-_=]?(\d+)$")
@@ -176,16 +177,20 @@ def find_runs(dirs) -> list[Run]:
             if rd in seen:
                 continue
             seen.add(rd)
+            if OLD_MARK in rd.name:
+                print(f"note: skipping {rd}: a run moved aside by overwrite=true")
+                continue
             try:
                 summary = json.loads(s.read_text())
-            except json.JSONDecodeError as e:
+                if not isinstance(summary, dict):
+                    raise ValueError("not a JSON object")
+            except (ValueError, UnicodeDecodeError) as e:
                 raise SpecBenchError(f"{s} is not valid JSON ({e})") from None
             if not summary.get("samples"):
                 print(f"note: skipping {rd}: no finished samples")
                 continue
-            cfg_path = rd / "config.json"
-            config = _flatten(json.loads(cfg_path.read_text())) if cfg_path.exists() else {}
-            runs.append(Run(rd, summary, config))
+            config, _ = read_finished(rd, summary)  # refuses a run in progress, damaged or mixed
+            runs.append(Run(rd, summary, _flatten(config)))
     if not runs:
         raise SpecBenchError("no run dirs (holding summary.json) under " + ", ".join(str(d) for d in dirs))
     return runs
@@ -913,6 +918,9 @@ def main(argv=None) -> None:
         report(a.dirs, a.out, a.baseline)
     except SpecBenchError as e:
         print(f"specbench: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    except OSError as e:  # e.g. a read-only output dir
+        print(f"specbench: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench.config import validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode, synced_now
 from specbench.errors import SpecBenchError
@@ -27,23 +28,9 @@ from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
 from specbench.metrics.costmodel import interp_cost
 from specbench.models import ModelAdapter, load_model
+from specbench.rundir import RunDir
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
-
-# config keys that may differ between a run and its resumption
-RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
-
-
-def fingerprint(cfg: DictConfig) -> dict:
-    c = OmegaConf.to_container(cfg, resolve=True)
-    for k in RESUMABLE_KEYS:
-        c.pop(k, None)
-        c.get("task", {}).pop(k, None)
-    c.pop("run_dir", None)
-    if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
-        c.pop("timing")
-    return c
-
 
 def environment() -> dict:
     import transformers
@@ -63,53 +50,6 @@ def environment() -> dict:
     return env
 
 
-class RunDir:
-    """samples.jsonl (append-only, one line per finished sample), config.yaml, summary.json."""
-
-    def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False):
-        self.path = path
-        self.samples_path = path / "samples.jsonl"
-        path.mkdir(parents=True, exist_ok=True)
-        cfg_path = path / "config.json"
-        fp = fingerprint(cfg)
-        if cfg_path.exists() and self.samples_path.exists() and not overwrite:
-            old = json.loads(cfg_path.read_text())
-            if old != fp:
-                diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
-                raise SpecBenchError(
-                    f"run dir {path} holds results of a different configuration (differs in: {', '.join(diff)}); "
-                    "choose another run_name or pass overwrite=true"
-                )
-        elif overwrite and self.samples_path.exists():
-            self.samples_path.unlink()
-        cfg_path.write_text(json.dumps(fp, indent=2, sort_keys=True))
-        (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
-    def done(self) -> dict[str, dict]:
-        out: dict[str, dict] = {}
-        if not self.samples_path.exists():
-            return out
-        data = self.samples_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            # a line cut short by a crash: drop it (that sample runs again) so the file stays valid JSONL
-            with open(self.samples_path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-        with open(self.samples_path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a crash: that sample runs again
-                out[rec["id"]] = rec
-        return out
-
-    def append(self, rec: dict) -> None:
-        with open(self.samples_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, reps: int = 3) -> dict[int, float]:
     """Median seconds of a full-model forward over k new tokens after `context` cached ones."""
     ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
@@ -127,12 +67,31 @@ def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, rep
     return out
 
 
+def check_context(samples: list[Sample], target: ModelAdapter, max_new: int) -> int:
+    """max_new_tokens capped at the model's context; a first prompt that leaves no room for one
+    new token is bad input (later turns are capped as they come, see run_generation)."""
+    ctx = target.context_length
+    if ctx is None:
+        return max_new
+    for s in samples:
+        n = len(target.tokenizer.encode_chat(s.messages([])))
+        if n >= ctx:
+            raise SpecBenchError(f"sample {s.id!r}: the prompt has {n} tokens, the model's context {ctx}; shorten it")
+    if max_new > ctx:
+        print(f"note: max_new_tokens={max_new} capped at the model's context ({ctx})")
+    return min(max_new, ctx)
+
+
 def run_generation(method: Method, sample: Sample, tokenizer, max_new: int, seed: int) -> tuple[list[Generation], list[str]]:
     replies: list[str] = []
     gens: list[Generation] = []
+    ctx = method.target.context_length
     for turn in range(len(sample.turns)):
         prompt = tokenizer.encode_chat(sample.messages(replies))
-        g = method.generate(prompt, max_new, tokenizer.eos_ids, seed + turn)
+        if ctx is not None and len(prompt) >= ctx:
+            raise SpecBenchError(f"sample {sample.id!r} turn {turn + 1}: the conversation has {len(prompt)} tokens, the model's context {ctx}")
+        limit = min(max_new, ctx - len(prompt)) if ctx is not None else max_new
+        g = method.generate(prompt, limit, tokenizer.eos_ids, seed + turn)
         g.extra["prompt_len"] = len(prompt)
         gens.append(g)
         replies.append(tokenizer.decode(g.tokens))
@@ -156,7 +115,7 @@ def summarize_system(gens: list[Generation]) -> dict:
 
 
 def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tokenizer, cfg, costs,
-               base: Method | None = None) -> dict:
+               base: Method | None = None, max_new: int | None = None) -> dict:
     """`base`: AR on the original weights, for methods that change them (SPACE): its quality
     shows what the fine-tuning cost; it takes no part in speedup or losslessness."""
     seed = int(cfg.seed) + index
@@ -165,7 +124,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         order.append(("base", base))
     results = {}
     for key, m in order:
-        gens, replies = run_generation(m, sample, tokenizer, int(cfg.max_new_tokens), seed)
+        gens, replies = run_generation(m, sample, tokenizer, max_new or int(cfg.max_new_tokens), seed)
         rec = summarize_system(gens)
         rec["tokens"] = [g.tokens for g in gens]
         rec["text"] = replies
@@ -286,20 +245,12 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     """One benchmark run. `target`: an already loaded model for cfg.model (benchmarks that run
     several methods load it once)."""
     torch.set_grad_enabled(False)
-    try:
-        max_new = int(cfg.max_new_tokens)
-    except (TypeError, ValueError):
-        raise SpecBenchError(f"max_new_tokens must be an integer >= 1, got {cfg.max_new_tokens!r}") from None
-    if max_new < 1:
-        raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-    if float(cfg.sampling.temperature) < 0:
-        raise SpecBenchError(f"sampling.temperature must be >= 0 (0: greedy), got {cfg.sampling.temperature}")
+    validate(cfg)
     check_mode(str(cfg.get("timing", "fine")))
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)
     samples = task.load()
-    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)))
     target = target or load_model(cfg.model)
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     ctx = {"control": cfg.get("control"), "cfg": cfg}
@@ -307,6 +258,9 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     # SPACE changes the weights: its lossless reference is AR on the fine-tuned model
     ar_target = method.finetuned_adapter if getattr(method, "baseline_weights", None) == "fine-tuned" else target
     ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
+    max_new = check_context(samples, target, int(cfg.max_new_tokens))
+    # only now, with everything validated, is anything written to disk
+    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)))
     meta = {
         "method": cfg.method.name,
         "controller": getattr(getattr(method, "controller", None), "name", None),
@@ -319,7 +273,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "lossless": method.lossless,
         "method_settings": method.describe(),
         "sampling": OmegaConf.to_container(cfg.sampling),
-        "max_new_tokens": int(cfg.max_new_tokens),
+        "max_new_tokens": max_new,
         "env": environment(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -335,22 +289,23 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
             m.generate(prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids, 0)
         if cfg.profile.enabled:
             costs = profile_forward(ar_target, list(cfg.profile.ks), int(cfg.profile.context), int(cfg.profile.reps))
-            (run_dir.path / "forward_costs.json").write_text(json.dumps(costs))
-    elif (run_dir.path / "forward_costs.json").exists():
-        costs = {int(k): v for k, v in json.loads((run_dir.path / "forward_costs.json").read_text()).items()}
+            run_dir.write("forward_costs.json", json.dumps(costs))
+    else:
+        costs = run_dir.read_costs()
     meta["forward_costs"] = costs
 
     base_ar = build_method("ar", target, cfg.method, sampling, ctx) if ar_target is not target else None
     bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
     for index, sample in bar:
-        rec = run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar)
+        rec = run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar, max_new)
         run_dir.append(rec)
         bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
     done = run_dir.done()
     records = [done[s.id] for s in samples if s.id in done]
     summary = aggregate(records, costs)
     summary["meta"] = meta
-    (run_dir.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
+    run_dir.release()
     summary["printed"] = print_summary(summary, meta)
     print(f"results: {run_dir.path}")
     return summary

@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from specbench.config import check_choices, compose, fail, validate
 from specbench.errors import SpecBenchError
 
 FORMAT = "specbench-self_sd-skipsearch/1"
@@ -283,9 +284,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     import torch
-    from hydra import compose, initialize_config_dir
 
-    from specbench.cli import CONF_DIR, check_choices
     from specbench.models import load_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -295,8 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
         if key in ("method", "task"):
             raise SpecBenchError(f"the skip search always uses method=self_sd and task=gsm8k (train split); drop {o!r}")
     check_choices(overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["method=self_sd", "task=gsm8k", *overrides])
+    cfg = compose(["method=self_sd", "task=gsm8k", *overrides])
+    validate(cfg)
     torch.set_grad_enabled(False)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
@@ -322,8 +321,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def cli() -> None:
-    from specbench.cli import fail
-
     try:
         main()
     except SpecBenchError as e:

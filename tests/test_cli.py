@@ -5,6 +5,7 @@ under a tmp dir. The processes are started together (a few at a time) in one mod
 pays ~5 s of imports, so running them one by one would dominate the suite's time.
 """
 
+import json
 import os
 import time
 from pathlib import Path
@@ -38,6 +39,28 @@ CASES: dict[str, tuple[list[str], dict]] = {
     ),
     "max_new_tokens_not_int": (TINY + DRAFT + ["max_new_tokens=abc"], {}),
     "unknown_key": (TINY + DRAFT + ["no_such_key=1"], {}),
+    # every bad value: one line, exit 2, and no run dir left behind (issue 10)
+    "k_not_a_number": (TINY + DRAFT + ["control.k=abc"], {}),
+    "temperature_not_a_number": (TINY + DRAFT + ["sampling.temperature=hot"], {}),
+    "num_samples_not_a_number": (TINY + DRAFT + ["task.num_samples=ten"], {}),
+    "seed_not_a_number": (TINY + DRAFT + ["seed=abc"], {}),
+    "threads_zero": (TINY[:-1] + DRAFT + ["threads=0"], {}),
+    "top_p_above_one": (TINY + DRAFT + ["sampling.top_p=1.5"], {}),
+    "top_p_zero": (TINY + DRAFT + ["sampling.top_p=0"], {}),
+    "top_k_negative": (TINY + DRAFT + ["sampling.top_k=-1"], {}),
+    "num_samples_fraction": (TINY + DRAFT + ["task.num_samples=2.5"], {}),
+    "pld_max_below_min": (TINY + ["method=pld", "method.max_ngram=1", "method.min_ngram=2"], {}),
+    "pld_max_zero": (TINY + ["method=pld", "method.max_ngram=0"], {}),
+    "empty_split_all": (TINY + ["method=pld", "task.num_samples=all", "task.data_dir={tmp}/emptysplit"], {}),
+    "prompt_longer_than_context": (TINY + ["method=pld", "task=jsonl", "task.path={tmp}/long.jsonl"], {}),
+    "jsonl_not_utf8": (TINY + ["method=pld", "task=jsonl", "task.path={tmp}/latin1.jsonl"], {}),
+    "hf_dir_not_a_model": (TINY + ["model=hf", "model.id={tmp}/empty", "method=pld"], {}),
+    "humaneval_timeout_zero": (TINY + ["method=pld", "task=humaneval", "task.timeout_s=0"], {}),
+    "humaneval_memory_negative": (TINY + ["method=pld", "task=humaneval", "task.memory_mb=-1"], {}),
+    "multirun_unknown_key": (["-m"] + TINY + ["method=pld", "nokey=1,2"], {}),
+    "multirun_bad_value": (["-m"] + TINY + DRAFT + ["control.k=1,abc"], {}),
+    "experiment_unknown": (TINY + ["+experiment=bogus"], {}),
+    "experiment_bad_value": (TINY + DRAFT + ["+experiment=repeats", "control.k=abc"], {}),
 }
 ERRORS = [c for c in CASES if not c.startswith("e2e")]
 
@@ -68,6 +91,11 @@ def cli(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("cli")
     (root / "empty").mkdir()
     (root / "garbage.gguf").write_bytes(os.urandom(4096))
+    (root / "emptysplit" / "gsm8k").mkdir(parents=True)
+    (root / "emptysplit" / "gsm8k" / "test.jsonl").write_text("")
+    (root / "emptysplit" / "gsm8k" / "train.jsonl").write_text((data_dir / "gsm8k" / "train.jsonl").read_text())
+    (root / "long.jsonl").write_text('{"prompt": "short"}\n' + json.dumps({"prompt": "x" * 5000}) + "\n")
+    (root / "latin1.jsonl").write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
     make_other_tokenizer_model(root / "other_tok_model")
     pending = []
     for name, (args, env) in CASES.items():
@@ -144,6 +172,27 @@ EXPECT = {
     "draft_other_tokenizer": "different tokenizer",
     "max_new_tokens_not_int": "max_new_tokens",
     "unknown_key": "no_such_key",
+    "k_not_a_number": "control.k='abc'",
+    "temperature_not_a_number": "sampling.temperature='hot'",
+    "num_samples_not_a_number": "task.num_samples='ten'",
+    "seed_not_a_number": "seed='abc'",
+    "threads_zero": "threads=0",
+    "top_p_above_one": "sampling.top_p=1.5",
+    "top_p_zero": "sampling.top_p=0",
+    "top_k_negative": "sampling.top_k=-1",
+    "num_samples_fraction": "task.num_samples=2.5",
+    "pld_max_below_min": "method.max_ngram=1",
+    "pld_max_zero": "method.max_ngram=0",
+    "empty_split_all": "split is empty",
+    "prompt_longer_than_context": "context",
+    "jsonl_not_utf8": "latin1.jsonl:1 is not UTF-8",
+    "hf_dir_not_a_model": "not a Hugging Face model",
+    "humaneval_timeout_zero": "task.timeout_s=0",
+    "humaneval_memory_negative": "task.memory_mb=-1",
+    "multirun_unknown_key": "nokey",
+    "multirun_bad_value": "control.k='abc'",
+    "experiment_unknown": "unknown experiment 'bogus'",
+    "experiment_bad_value": "control.k='abc'",
 }
 
 
@@ -152,6 +201,26 @@ def test_bad_input_one_line_error(cli, name):
     rc, out, err, _ = cli[name]
     line = check_one_line_error(rc, out, err)
     assert EXPECT[name] in line
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_bad_input_leaves_no_run_dir(cli, name):
+    rc, _, _, run_dir = cli[name]
+    assert rc == 2
+    assert not run_dir.exists() and not list(run_dir.parent.glob(run_dir.name + "*"))
+
+
+def test_train_typo_is_one_line():
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    for args, expect in ((["+train.epoch=3"], "train.epoch"), (["train.epochs=x"], "train.epochs='x'"), (["nokey=1"], "nokey")):
+        p = subprocess.run([sys.executable, "-m", "specbench.train", "method=eesd", "model=tiny-llama", *args],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2
+        assert expect in check_one_line_error(p.returncode, p.stdout, p.stderr)
 
 
 def test_other_tokenizer_error_is_the_only_stderr_output(cli):

@@ -78,6 +78,12 @@ class ModelAdapter:
         return self.config.hidden_size
 
     @property
+    def context_length(self) -> int | None:
+        """Positions the model was built for (None: not stated by its config)."""
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    @property
     def vocab_size(self) -> int:
         return self.lm_head.weight.shape[0]
 

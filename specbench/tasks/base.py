@@ -64,10 +64,13 @@ class Task:
     def load(self) -> list[Sample]:
         """The reproducible subset chosen by `num_samples` and `seed`."""
         samples = self.load_all()
+        if not samples:
+            raise SpecBenchError(f"the {self.name} split is empty: nothing to run")
         n = self.cfg.get("num_samples")
         if n is None or n == "all":
             return samples
-        n = int(n)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise SpecBenchError(f"task.num_samples={n!r} is not allowed; expected an integer >= 1 or null or 'all'")
         if n < 1:
             raise SpecBenchError(f"task.num_samples must be >= 1, got {n}")
         if n > len(samples):
@@ -106,14 +109,22 @@ def read_jsonl(path: Path) -> list[dict] | None:
         return None
     opener = gzip.open if path.suffix == ".gz" else open
     records = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    with opener(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            line = utf8_line(raw, path, i)
             if line.strip():
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise SpecBenchError(f"{path}:{i} is not valid JSON ({e.msg})") from None
     return records
+
+
+def utf8_line(raw: bytes, path, i: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecBenchError(f"{path}:{i} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
 
 
 def local_source(task: Task, rel: str) -> tuple[str, Callable[[], Any]]:

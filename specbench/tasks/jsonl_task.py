@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from specbench.errors import SpecBenchError
-from specbench.tasks.base import Sample, Task, register_task
+from specbench.tasks.base import Sample, Task, register_task, utf8_line
 from specbench.tasks.xsum import rouge
 
 
@@ -48,8 +48,9 @@ class JsonlTask(Task):
         keys = ("id_field", "category_field", "reference_field")
         id_field, cat_field, ref_field = (self.cfg.get(k) for k in keys)
         samples = []
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f):
+                line = utf8_line(raw, path, i + 1)
                 if not line.strip():
                     continue
                 where = f"{path}:{i + 1}"

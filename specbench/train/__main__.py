@@ -10,18 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
-from specbench.cli import CONF_DIR, check_choices, fail
+from specbench.config import check_choices, compose, fail, validate
+from specbench.errors import SpecBenchError
 
 
 def main(argv: list[str]) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from specbench.errors import SpecBenchError
-
     check_choices(argv)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=argv)
     try:
+        cfg = compose(argv)
+        validate(cfg)
         print(train(cfg))
     except SpecBenchError as e:
         fail(str(e))

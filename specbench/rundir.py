@@ -1,0 +1,270 @@
+"""A run directory: what a benchmark run writes, guarded so results are never lost or mixed.
+
+Layout: `config.json` (the fingerprint: the config minus the keys a resumption may change),
+`config.yaml`, `samples.jsonl` (append-only, one line per finished sample), `forward_costs.json`,
+`summary.json` (derived from the samples), `.lock`.
+
+- One writer at a time: an exclusive `flock` on `.lock`, held until the run ends (the kernel drops
+  it when the process dies); a second run is refused naming the holder's pid.
+- Open only after the whole configuration was validated and the model loaded; nothing is created
+  on disk before.
+- `overwrite=true` deletes nothing: the old contents move to `<run>.old-<timestamp>` (the report
+  skips such dirs).
+- The fingerprint is written before the first sample, so a later run with another configuration
+  is refused even when no sample was written yet.
+- Damage is a one-line error naming the file and the way out, never a silently skipped check:
+  samples without a readable `config.json`, a sample line that is not a record, an unreadable
+  `forward_costs.json`, a directory that cannot be written. A last line cut short by a crash is
+  the one repair done silently (that sample runs again).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.errors import SpecBenchError
+
+# config keys that may differ between a run and its resumption
+RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
+LOCK = ".lock"
+OLD_MARK = ".old-"
+RECOVER = "pass overwrite=true (moves the old contents aside, deletes nothing) or choose another run_name"
+
+# run dirs this process holds the lock of: path -> open lock file (a crashed run() in this
+# process may not have released it; the same process may take its own lock again)
+_HELD: dict[Path, object] = {}
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in RESUMABLE_KEYS:
+        c.pop(k, None)
+        c.get("task", {}).pop(k, None)
+    c.pop("run_dir", None)
+    if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
+        c.pop("timing")
+    return c
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid of the process writing run dir `path`, or None if no run holds it."""
+    lock = Path(path) / LOCK
+    if not lock.exists() or Path(path).resolve() in _HELD:
+        return None
+    try:
+        with open(lock, "r") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _pid(f)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
+
+
+def _pid(f) -> int | str:
+    f.seek(0)
+    text = f.read().strip()
+    return int(text) if text.isdigit() else "unknown"
+
+
+def _io_error(path: Path, e: OSError) -> SpecBenchError:
+    return SpecBenchError(f"cannot write run dir {path}: {e.strerror or e}")
+
+
+class RunDir:
+    def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False):
+        self.path = Path(path)
+        self.samples_path = self.path / "samples.jsonl"
+        self._fresh_summary = False
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock()
+            fp = fingerprint(cfg)
+            if overwrite and self._has_results():
+                self._move_aside()
+            else:
+                self._check_same_config(fp)
+                self.done()  # damaged sample lines are refused before anything runs
+            (self.path / "config.json").write_text(json.dumps(fp, indent=2, sort_keys=True))
+            (self.path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        except OSError as e:
+            self.release()
+            raise _io_error(self.path, e) from None
+        except SpecBenchError:
+            self.release()
+            raise
+
+    # -- the lock ---------------------------------------------------------------------------
+    def _lock(self) -> None:
+        key = self.path.resolve()
+        if key in _HELD:
+            return
+        f = open(self.path / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _pid(f)
+            f.close()
+            raise SpecBenchError(
+                f"run dir {self.path} is in use by another run (pid {pid}); wait for it or choose another run_name"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        _HELD[key] = f
+
+    def release(self) -> None:
+        f = _HELD.pop(self.path.resolve(), None)
+        if f is not None:
+            f.close()  # closing drops the flock
+
+    # -- validation of what is there --------------------------------------------------------
+    def _has_results(self) -> bool:
+        return any(p.name not in (LOCK, "config.json", "config.yaml") for p in self.path.iterdir())
+
+    def _check_same_config(self, fp: dict) -> None:
+        cfg_path = self.path / "config.json"
+        has_samples = self.samples_path.exists() and self.samples_path.stat().st_size > 0
+        if not has_samples:
+            return  # nothing to mix with: this run's fingerprint replaces any other
+        try:
+            old = json.loads(cfg_path.read_text())
+            if not isinstance(old, dict):
+                raise ValueError("not a JSON object")
+        except FileNotFoundError:
+            raise SpecBenchError(f"run dir {self.path} holds samples but no config.json, so they cannot be checked against this configuration; {RECOVER}") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SpecBenchError(f"{cfg_path} is damaged ({e}), so the samples beside it cannot be checked; {RECOVER}") from None
+        if old != fp:
+            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+            raise SpecBenchError(
+                f"run dir {self.path} holds results of a different configuration (differs in: {', '.join(diff)}); "
+                "choose another run_name or pass overwrite=true"
+            )
+
+    def _move_aside(self) -> None:
+        """Every entry but the lock moves to a sibling `<run>.old-<timestamp>` (nothing deleted)."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        old = self.path.with_name(f"{self.path.name}{OLD_MARK}{stamp}")
+        n = 1
+        while old.exists():
+            old = self.path.with_name(f"{self.path.name}{OLD_MARK}{stamp}-{n}")
+            n += 1
+        old.mkdir()
+        for p in self.path.iterdir():
+            if p.name != LOCK:
+                p.rename(old / p.name)
+        print(f"overwrite=true: the previous contents of {self.path} moved to {old}")
+
+    # -- samples ----------------------------------------------------------------------------
+    def done(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        if not self.samples_path.exists():
+            return out
+        data = self.samples_path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            # a line cut short by a crash: drop it (that sample runs again) so the file stays valid JSONL
+            with open(self.samples_path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+            data = data[: data.rfind(b"\n") + 1]
+        for i, line in enumerate(data.splitlines(), 1):
+            rec = _record(line)
+            if rec is None:
+                raise SpecBenchError(
+                    f"{self.samples_path}:{i} is not a sample record; the file is damaged: {RECOVER}"
+                )
+            out[rec["id"]] = rec
+        return out
+
+    def append(self, rec: dict) -> None:
+        try:
+            if not self._fresh_summary:
+                # the summary describes the samples before this one: stale from now on
+                (self.path / "summary.json").unlink(missing_ok=True)
+                self._fresh_summary = True
+            with open(self.samples_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise _io_error(self.path, e) from None
+
+    def write(self, name: str, text: str) -> None:
+        try:
+            (self.path / name).write_text(text)
+        except OSError as e:
+            raise _io_error(self.path, e) from None
+
+    def read_costs(self) -> dict[int, float] | None:
+        p = self.path / "forward_costs.json"
+        if not p.exists():
+            return None
+        try:
+            costs = {int(k): float(v) for k, v in json.loads(p.read_text()).items()}
+            if not costs or any(v <= 0 for v in costs.values()):
+                raise ValueError("no positive costs")
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise SpecBenchError(
+                f"{p} is damaged ({type(e).__name__}); delete it (the run then has no predicted speedup) "
+                "or re-run with overwrite=true"
+            ) from None
+        return costs
+
+
+def _record(line: bytes) -> dict | None:
+    """A sample line as written by the runner, or None."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("method"), dict):
+        return None
+    if not isinstance(rec.get("ar"), dict):
+        return None
+    return rec
+
+
+def read_finished(path: Path, summary: dict) -> tuple[dict, list[dict]]:
+    """The fingerprint and sample records of a finished run dir, for the report; a run still
+    being written, damaged, or mixed (its files disagree) is refused with one line."""
+    path = Path(path)
+    pid = lock_holder(path)
+    if pid is not None:
+        raise SpecBenchError(f"run dir {path} is still being written (pid {pid}); wait for it to finish")
+    try:
+        config = json.loads((path / "config.json").read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        raise SpecBenchError(f"run dir {path} has no config.json: cannot tell what produced its results") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecBenchError(f"{path / 'config.json'} is damaged ({e})") from None
+    samples = path / "samples.jsonl"
+    records, seen = [], set()
+    for i, line in enumerate(samples.read_bytes().splitlines() if samples.exists() else [], 1):
+        rec = _record(line)
+        if rec is None:
+            raise SpecBenchError(f"{samples}:{i} is not a sample record: refusing a damaged run")
+        if rec["id"] in seen:
+            raise SpecBenchError(f"{samples} holds sample {rec['id']!r} twice (two runs wrote into one dir): refusing a mixed run")
+        seen.add(rec["id"])
+        records.append(rec)
+    n = summary.get("samples")
+    if not isinstance(n, int) or n > len(records):
+        raise SpecBenchError(f"{path}/summary.json counts {n!r} samples but samples.jsonl holds {len(records)}: refusing a mixed or damaged run")
+    meta = summary.get("meta") or {}
+    for key in ("method", "model", "task"):
+        if key in meta and meta[key] != (config.get(key) or {}).get("name"):
+            raise SpecBenchError(
+                f"{path}: summary.json says {key} {meta[key]!r}, config.json {(config.get(key) or {}).get('name')!r}: refusing a mixed run"
+            )
+    return config, records
