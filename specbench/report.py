@@ -48,8 +48,9 @@ from specbench.stats import PairedTest, mean_std, wilcoxon_paired
 
 SEED_SUFFIX = re.compile(r"[-_.]?seed[-_=]?(\d+)$")
 # fingerprint keys that never make two runs different systems
-# (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up)
-NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_summary", "num_samples", "profile", "warmup_tokens")
+# (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up; measure.* are
+# interference retries and CI settings)
+NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_summary", "num_samples", "profile", "warmup_tokens", "measure")
 # keys that define the setting (compared first, for a precise error message)
 SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
 SELF = "__reference__"  # p_vs of the --baseline system itself

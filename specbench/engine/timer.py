@@ -15,16 +15,24 @@ import torch
 PHASES = ("prefill", "draft", "verify", "control")
 
 
+def clock() -> float:
+    """Host seconds: the one clock all harness timing reads (tests replace it with a fake one)."""
+    return time.perf_counter()
+
+
 class PhaseTimer:
     def __init__(self, device: torch.device | str = "cpu"):
         self.cuda = torch.device(device).type == "cuda"
         self.totals = {p: 0.0 for p in PHASES}
         self._stack: list[tuple[str, float]] = []
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """Seconds on the timer's clock, the device synchronised: for timing outside phases."""
         if self.cuda:
             torch.cuda.synchronize()
-        return time.perf_counter()
+        return clock()
+
+    _now = now
 
     @contextmanager
     def phase(self, name: str):
