@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 import specbench.engine.timer as timer_mod
 import specbench.runner as runner
 from helpers import CONF, tiny_model
+from specbench.calibrate import main as calibrate_main
 from specbench.interference import StepHistory, run_checked
 from specbench.models.adapter import ModelAdapter
 from specbench.profiling import profile_forward, refit_costs, suspects
@@ -214,3 +215,34 @@ def test_summary_reports_median_ci_and_flags_a_wide_ci():
 def test_refit_uses_verify_times_per_k():
     costs = refit_costs([rec(0, 1.0, 0.5), rec(1, 2.0, 0.5)])
     assert costs[1] == pytest.approx(0.075) and costs[5] == pytest.approx(0.05)
+
+
+def test_calibrate_saves_costs_and_judges_quietness(tmp_path, monkeypatch, fake_time, capsys):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    args = ["--repeats", "3", "model=tiny-llama", "method=pld", "threads=1", "profile.ks=[1,2,4]", "profile.context=16"]
+    calibrate_main(args)
+    out = capsys.readouterr().out
+    assert "quiet enough to benchmark" in out and "NOT" not in out  # fake time: identical timings, CV 0
+    saved = json.loads(next((tmp_path / "calibration").glob("tiny-*-cpu-float64.json")).read_text())
+    assert saved["profile"]["costs"] == pytest.approx({str(k): (2 + k) * 4e-3 for k in (1, 2, 4)})
+    assert saved["repeatability"]["cv"] == pytest.approx(0.0, abs=1e-9) and saved["draft"]["method"] == "pld"
+    # a stall in one timing of the fixed workload: the machine is called noisy
+    real_charge = fake_time.charge
+    calls = []
+
+    def charge(adapter, n_ids):
+        calls.append(n_ids)
+        real_charge(adapter, n_ids)
+        if len(calls) == 60:  # 19 profile forwards, a prefill, 10 warm-up ones, then 3 x 10 timed
+            fake_time.t += 0.1
+
+    monkeypatch.setattr(fake_time, "charge", charge)
+    calibrate_main(args)
+    assert "NOT quiet enough" in capsys.readouterr().out
+
+
+def test_calibrate_bad_input_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        calibrate_main(["--repeats", "1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == "specbench: error: --repeats must be >= 2, got 1"
