@@ -232,6 +232,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
     measure = cfg.get("measure") or {}
     history = StepHistory(int(measure.get("min_samples", 2)))
+    for r in done.values():  # a resumed run judges its next samples against the finished ones
+        history.add(r)
     for index, sample in bar:
         rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar),
                           history, float(measure.get("spike_factor", 1.5)), int(measure.get("max_retries", 2)))

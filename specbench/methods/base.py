@@ -86,7 +86,7 @@ class Method:
                     new = new[: j + 1]
                     break
             result.steps.append((r.n_drafted, r.n_accepted, min(r.n_accepted, len(new))))
-            result.step_times.append((round(self.timer.now() - t0, 7), round(self.timer.totals["verify"] - v0, 7)))
+            result.step_times.append((round(self.timer.now() - t0, 6), round(self.timer.totals["verify"] - v0, 6)))
             out += new
         result.times = self.timer.stop()
         return result
