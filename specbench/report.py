@@ -46,12 +46,13 @@ import pandas as pd
 from specbench.errors import SpecBenchError
 from specbench.leaderboard import leaderboard_tables, plot_leaderboard
 from specbench.rundir import OLD_MARK, read_finished
-from specbench.stats import PairedTest, mean_std, wilcoxon_paired
+from specbench.stats import PairedTest, mean_std, pooled_speedup_ci, wilcoxon_paired
 
 SEED_SUFFIX = re.compile(r"[-_.]?seed[-_=]?(\d+)$")
 # fingerprint keys that never make two runs different systems
-# (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up)
-NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_summary", "num_samples", "profile", "warmup_tokens")
+# (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up; measure.* are
+# interference retries and CI settings)
+NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_summary", "num_samples", "profile", "warmup_tokens", "measure")
 # keys that define the setting (compared first, for a precise error message)
 SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
 SELF = "__reference__"  # p_vs of the --baseline system itself
@@ -160,6 +161,8 @@ class Run:
                             "method_tps": (r.get("method") or {}).get("tokens_per_s"),
                             "speedup": r.get("speedup"),
                             "predicted_speedup": r.get("predicted_speedup"),
+                            # for the bootstrap CI of the pooled speedup
+                            "pair": tuple((r.get(k) or {}).get(f) for k in ("ar", "method") for f in ("new_tokens", "wall")),
                         }
                     )
         return self._samples
@@ -282,6 +285,10 @@ class Group:
                     acc[s["id"]].append(s[key])
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
+    def speedup_ci(self) -> tuple[float, float] | None:
+        """95% bootstrap CI of the pooled speedup over all samples of all repeats."""
+        return pooled_speedup_ci([s["pair"] for r in self.runs for s in r.samples()])
+
 
 def build_groups(runs: list[Run]) -> list[Group]:
     check_declared_repeats(runs)
@@ -369,6 +376,8 @@ def group_frame(groups: list[Group], baseline: str | None) -> pd.DataFrame:
             "samples": [r.n_samples for r in g.runs],
             "speedup": sp_mean,
             "speedup_std": sp_std,
+            "speedup_ci": g.speedup_ci(),
+            "n": sum(r.n_samples for r in g.runs),
             "v_d": g.mean(lambda r: _acc(r, "v_d")),
             "r_d": g.mean(lambda r: _acc(r, "r_d")),
             "hm": g.mean(lambda r: _acc(r, "hm")),
@@ -429,6 +438,13 @@ def _speed(mean, std):
     return f"{mean:.2f}x" + (f" ± {std:.2f}" if _num(std) is not None else "")
 
 
+def _speed_cell(h) -> str:
+    """Speedup with its bootstrap CI and the number of samples behind it."""
+    ci = h["speedup_ci"]
+    ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, tuple) else ""
+    return _speed(h["speedup"], h["speedup_std"]) + ci_text + f" n={h['n']}"
+
+
 def _p(p, note=None):
     if _num(p) is None:
         return "n/a"
@@ -469,7 +485,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
                     row += ["-", "-"]
                 else:
                     h = hit.iloc[0]
-                    row += [_f(h["hm"]), _speed(h["speedup"], h["speedup_std"])]
+                    row += [_f(h["hm"]), _speed_cell(h)]
             rows.append(row)
         tables.append(
             Table(
@@ -477,7 +493,8 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
                 header,
                 rows,
                 "HM: harmonic mean of v_d and r_d (x100). Speedup: method tokens/s over AR tokens/s measured in the "
-                "same run (pooled over samples); ± is the std over repeats (seeds) where there are several.",
+                "same run (pooled over samples); ± is the std over repeats (seeds) where there are several; [lo, hi]: "
+                "95% bootstrap CI over samples (all repeats pooled); n: samples behind the cell.",
             )
         )
     # (b) detailed per setting (EESD Table 10) and (c) time breakdown (EESD Table 8)
@@ -493,7 +510,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
             rows.append(
                 [
                     h["label"], _f(h["v_d"]), _f(h["r_d"]), _f(h["hm"]), _f(h["tau"]),
-                    _f(h["time_per_sample"], ".3f"), _f(h["tps"]), _speed(h["speedup"], h["speedup_std"]),
+                    _f(h["time_per_sample"], ".3f"), _f(h["tps"]), _speed_cell(h),
                     "(reference)" if h["p_vs"] == SELF else _p(h["p"]) if isinstance(h["p_vs"], str) else "n/a (no reference run)", n,
                 ]
             )
@@ -504,7 +521,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
                 rows,
                 "Auto-regressive row: mean of the AR measurements of all runs in this table. p: two-sided Wilcoxon "
                 "signed-rank test on per-sample tokens/s, pairs matched by sample id (repeats averaged per sample). "
-                "Samples: per run (one number per repeat).",
+                "Samples: per run (one number per repeat). Speedup [lo, hi]: 95% bootstrap CI over samples.",
             )
         )
         rows = []
@@ -531,7 +548,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
     for _, h in df.iterrows():
         ratio = h["speedup"] / h["predicted"] if _num(h["predicted"]) and _num(h["speedup"]) else None
         rows.append([h["model"], h["task"], h["label"], _f(h["predicted"], ".2f", "x"), _f(h["eq14"], ".2f", "x"),
-                     _speed(h["speedup"], h["speedup_std"]), _f(ratio, ".2f")])
+                     _speed_cell(h), _f(ratio, ".2f")])
     tables.append(
         Table(
             "(d) Predicted vs measured speedup",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -21,14 +20,16 @@ from tqdm import tqdm
 
 from specbench.config import validate
 from specbench.engine.sampling import SamplingConfig
-from specbench.engine.timer import check_mode, synced_now
+from specbench.engine.timer import check_mode
 from specbench.errors import SpecBenchError
+from specbench.interference import StepHistory, run_checked
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
-from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
-from specbench.metrics.costmodel import interp_cost
+from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
 from specbench.models import ModelAdapter, load_model
+from specbench.profiling import profile_forward
 from specbench.rundir import RunDir
+from specbench.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
 
@@ -48,23 +49,6 @@ def environment() -> dict:
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     return env
-
-
-def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, reps: int = 3) -> dict[int, float]:
-    """Median seconds of a full-model forward over k new tokens after `context` cached ones."""
-    ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
-    cache = target.new_cache()
-    target.forward(ids[:context], cache, last_only=True)
-    out = {}
-    for k in ks:
-        times = []
-        for _ in range(reps + 1):  # first is a warm-up
-            t0 = synced_now(target.device)
-            target.forward(ids[context : context + k], cache)
-            times.append(synced_now(target.device) - t0)
-            cache.crop(context)
-        out[k] = statistics.median(times[1:])
-    return out
 
 
 def check_context(samples: list[Sample], target: ModelAdapter, max_new: int) -> int:
@@ -111,6 +95,7 @@ def summarize_system(gens: list[Generation]) -> dict:
         rec["acceptance"] = acceptance_metrics(steps, tokens, len(gens))
         rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
     rec["steps"] = steps
+    rec["step_times"] = [t for g in gens for t in g.step_times]
     return rec
 
 
@@ -140,105 +125,6 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         draft_cost = m["times"].get("draft", 0.0) / max(1, m["acceptance"]["drafted"])
         rec["predicted_speedup"] = predicted_speedup(m["steps"], m["new_tokens"], draft_cost, costs, len(m["tokens"]))
     return rec
-
-
-def aggregate(records: list[dict], costs: dict[int, float] | None, per_category: bool = True) -> dict:
-    """Pooled figures over samples: ratios of sums (the papers' way), plus per-sample spreads."""
-    if not records:
-        return {"samples": 0}
-    out: dict = {"samples": len(records)}
-    for key in ("ar", "method", "base"):
-        if key == "base" and not all("base" in r for r in records):
-            continue
-        tok = sum(r[key]["new_tokens"] for r in records)
-        wall = sum(r[key]["wall"] for r in records)
-        times: dict[str, float] = {}
-        for r in records:
-            for k, v in r[key].get("times", {}).items():
-                times[k] = times.get(k, 0.0) + v
-        q: dict[str, list[float]] = {}
-        for r in records:
-            for k, v in (r[key].get("quality") or {}).items():
-                q.setdefault(k, []).append(v)
-        out[key] = {
-            "new_tokens": tok,
-            "wall": wall,
-            "tokens_per_s": tok / wall if wall else None,
-            "times": times,
-            "time_share": {k: v / wall for k, v in times.items() if k != "wall"} if wall else {},
-            "quality": {k: statistics.fmean(v) for k, v in q.items()},
-        }
-    m = out["method"]
-    out["speedup"] = m["tokens_per_s"] / out["ar"]["tokens_per_s"] if out["ar"]["tokens_per_s"] else None
-    per = [r["speedup"] for r in records if r.get("speedup")]
-    out["speedup_per_sample_mean"] = statistics.fmean(per) if per else None
-    out["speedup_per_sample_std"] = statistics.stdev(per) if len(per) > 1 else None
-    out["matches_ar"] = sum(bool(r["matches_ar"]) for r in records)
-    steps = [s for r in records for s in r["method"].get("steps", [])]
-    n_seq = sum(len(r["method"].get("tokens") or [None]) for r in records)  # one prefill token each
-    if steps:
-        acc = acceptance_metrics(steps, m["new_tokens"], n_seq)
-        out["acceptance"] = acc
-        out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
-        drafted = max(1, acc["drafted"])
-        draft_cost = m["times"].get("draft", 0.0) / drafted
-        if costs and "draft" in m["times"]:  # timing=coarse records the wall only
-            out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs, n_seq)
-            out["alpha"] = draft_cost / interp_cost(costs, 1)
-            out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
-    cats = sorted({r["category"] for r in records if r.get("category")}) if per_category else []
-    if cats:
-        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, False) for c in cats}
-        for c in cats:
-            for k in ("pos_drafted", "pos_accepted"):
-                out["per_category"][c].pop(k, None)
-    return out
-
-
-def _fmt(x, spec=".3f"):
-    return "-" if x is None else format(x, spec)
-
-
-def print_summary(s: dict, meta: dict) -> str:
-    lines = [
-        f"\n== {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {s['samples']} samples ==",
-        f"lossless by design: {meta['lossless']}   outputs identical to AR: {s.get('matches_ar', 0)}/{s['samples']}",
-        "settings: " + ", ".join(f"{k}={v}" for k, v in meta["method_settings"].items() if k not in ("method", "lossless")),
-    ]
-    if meta["method_settings"].get("draft_trained") is False:
-        lines.append("note: the draft is untrained (run `python -m specbench.train` to distil it); expect a slowdown")
-    if s["samples"]:
-        ar, m = s["ar"], s["method"]
-        lines.append(f"{'':10}{'tokens':>8}{'wall s':>9}{'tok/s':>8}   quality")
-        systems = [("AR", ar), (meta["method"], m)] + ([("AR base", s["base"])] if "base" in s else [])
-        for name, d in systems:
-            qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
-            lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
-        lines.append(
-            f"speedup {_fmt(s['speedup'], '.3f')}x (per-sample mean {_fmt(s['speedup_per_sample_mean'], '.3f')}"
-            f" ± {_fmt(s['speedup_per_sample_std'], '.3f')})   predicted {_fmt(s.get('predicted_speedup'), '.3f')}x"
-            f"   eq.14 {_fmt(s.get('eq14_speedup'), '.3f')}x"
-        )
-        acc = s.get("acceptance")
-        if acc:
-            lines.append(
-                f"v_d {_fmt(acc['v_d'])}  r_d {_fmt(acc['r_d'])}  HM {_fmt(acc['hm'], '.2f')}  tau {_fmt(acc['tau'], '.2f')}"
-                f"  accepted/step {_fmt(acc['mean_accepted'], '.2f')}  drafted/step {_fmt(acc['mean_drafted'], '.2f')}"
-            )
-            rates = [a / d if d else 0 for d, a in zip(s["pos_drafted"], s["pos_accepted"])]
-            lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
-        share = m["time_share"]
-        lines.append(
-            "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")
-        )
-        if s.get("per_category"):
-            lines.append("per category:")
-        for c, cs in (s.get("per_category") or {}).items():
-            tau = (cs.get("acceptance") or {}).get("tau")
-            lines.append(f"  {c[:22]:22} {cs['samples']:>4} samples  speedup {_fmt(cs.get('speedup'), '.3f')}x  tau {_fmt(tau, '.2f')}")
-    text = "\n".join(lines)
-    print(text)
-    return text
 
 
 def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
@@ -288,21 +174,32 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         for m in (ar, method):
             m.generate(prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids, 0)
         if cfg.profile.enabled:
-            costs = profile_forward(ar_target, list(cfg.profile.ks), int(cfg.profile.context), int(cfg.profile.reps))
+            p = cfg.profile
+            prof = profile_forward(ar_target, list(p.ks), int(p.context), int(p.reps),
+                                   float(p.get("tolerance", 0.1)), int(p.get("max_remeasure", 2)))
+            costs = prof.costs
             run_dir.write("forward_costs.json", json.dumps(costs))
+            run_dir.write("profile.json", json.dumps(prof.to_json()))
     else:
         costs = run_dir.read_costs()
     meta["forward_costs"] = costs
+    if costs and (run_dir.path / "profile.json").exists():
+        meta["profile"] = json.loads((run_dir.path / "profile.json").read_text())
 
     base_ar = build_method("ar", target, cfg.method, sampling, ctx) if ar_target is not target else None
     bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
+    measure = cfg.get("measure") or {}
+    history = StepHistory(int(measure.get("min_samples", 2)))
+    for r in done.values():  # a resumed run judges its next samples against the finished ones
+        history.add(r)
     for index, sample in bar:
-        rec = run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar, max_new)
+        rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar, max_new),
+                          history, float(measure.get("spike_factor", 1.5)), int(measure.get("max_retries", 2)))
         run_dir.append(rec)
         bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
     done = run_dir.done()
     records = [done[s.id] for s in samples if s.id in done]
-    summary = aggregate(records, costs)
+    summary = aggregate(records, costs, ci=measure.get("ci"))
     summary["meta"] = meta
     run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
     run_dir.release()

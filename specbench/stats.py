@@ -6,6 +6,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 
 def mean_std(values) -> tuple[float | None, float | None, int]:
     """Mean and sample standard deviation (ddof=1; None for fewer than two values) of the non-None values."""
@@ -51,3 +53,22 @@ def wilcoxon_paired(a: dict, b: dict) -> PairedTest:
         return PairedTest(n, None, None, med, str(e))
     p = float(res.pvalue)
     return PairedTest(n, float(res.statistic), None if math.isnan(p) else p, med)
+
+
+def pooled_speedup_ci(pairs, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap CI of the pooled speedup over samples.
+
+    `pairs`: per sample (ar_tokens, ar_wall, method_tokens, method_wall). The statistic is the
+    pooled ratio (sum m_tok / sum m_wall) / (sum a_tok / sum a_wall), recomputed on `resamples`
+    seeded resamplings of the samples with replacement (samples are the unit: AR and method of
+    one sample stay paired). None for fewer than two usable samples.
+    """
+    data = np.array([p for p in pairs if all(v is not None for v in p) and p[0] > 0 and p[1] > 0 and p[3] > 0], dtype=float)
+    if len(data) < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))
+    s = data[idx].sum(axis=1)  # [resamples, 4]
+    ratios = (s[:, 2] / s[:, 3]) / (s[:, 0] / s[:, 1])
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
+    return float(lo), float(hi)

@@ -16,6 +16,7 @@ import yaml
 from specbench.errors import SpecBenchError
 from specbench.report import main as report_main
 from specbench.report import pool_repeats, find_runs, report
+from specbench.stats import pooled_speedup_ci
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -93,7 +94,11 @@ def test_tables_contain_the_numbers_and_repeats(tmp_path):
     assert f"{statistics.fmean(sp):.2f}x ± {statistics.stdev(sp):.2f}" == "2.00x ± 0.50"
     row_a = next(line for line in md.splitlines() if line.startswith("| vanilla_sd+fixed |") and "50.00" in line)
     assert "2.00x ± 0.50" in row_a and "77.77" in row_a and "3.00x" in row_a  # gsm8k and xsum columns
-    assert f"| pld+fixed | 12.50 | {s_pld:.2f}x |" in md
+    # every speedup cell carries its bootstrap CI over samples and how many samples it has
+    lo, hi = pooled_speedup_ci([(10, 10 / 100, 10, 10 / m) for m in (110, 120, 130)])
+    assert f"| pld+fixed | 12.50 | {s_pld:.2f}x [{lo:.2f}, {hi:.2f}] n=3 |" in md
+    assert lo < s_pld < hi
+    assert "2.00x ± 0.50 [" in row_a and "n=9" in row_a  # repeats: samples of all three runs
     assert "(f) Repeats" in md and "0,1,2" in md
     # Table 10 layout: tokens/s of the method = mean over repeats of pooled tokens/s
     assert "| 200.00 |" in md  # (150+200+250)/3

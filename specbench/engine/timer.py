@@ -36,11 +36,16 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def clock() -> float:
+    """Host seconds: the one clock all harness timing reads (tests replace it with a fake one)."""
+    return time.perf_counter()
+
+
 def synced_now(device: torch.device | str = "cpu") -> float:
     """Host clock after the device has finished its queued work (for profiling, not per phase)."""
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter()
+    return clock()
 
 
 class PhaseTimer:
@@ -52,8 +57,13 @@ class PhaseTimer:
         self._stack: list[str] = []
         # timeline: (mark, phase running from this mark to the next one; None: no phase)
         self._marks: list[tuple[object, str | None]] = []
+        # step boundaries: (mark, index into _marks when it was taken); resolved at stop()
+        self._steps: list[tuple[object, int]] = []
+        self.step_times: list[tuple[float, float]] = []
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """Seconds on the timer's clock, the device synchronised: for timing outside generation
+        (profiling, calibration), never inside a decoding step."""
         return synced_now(self.device)
 
     def _mark(self):
@@ -61,7 +71,7 @@ class PhaseTimer:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
-        return time.perf_counter()
+        return clock()
 
     def _elapsed(self, a, b) -> float:
         return a.elapsed_time(b) / 1000.0 if self.cuda else b - a
@@ -84,6 +94,14 @@ class PhaseTimer:
             torch.cuda.synchronize()
         self._stack.clear()
         self._marks = [(self._mark(), None)]
+        self._steps = []
+
+    def step_mark(self) -> None:
+        """A decoding step starts here and the previous one ends. Costs one mark (an event on
+        CUDA, no wait); `step_times` holds (step seconds, verify seconds in it) after stop().
+        timing=coarse takes no marks at all, so no step times (interference checks skip them)."""
+        if self.fine:
+            self._steps.append((self._mark(), len(self._marks)))
 
     def stop(self) -> dict[str, float]:
         end = self._mark()
@@ -98,4 +116,12 @@ class PhaseTimer:
                     out[name] = out.get(name, 0.0) + self._elapsed(a, b)
             out["other"] = max(0.0, wall - sum(out.values()))
         out["wall"] = wall
+        self.step_times = self._resolve_steps(marks)
+        return out
+
+    def _resolve_steps(self, marks) -> list[tuple[float, float]]:
+        out = []
+        for (a, i), (b, j) in zip(self._steps, self._steps[1:]):
+            verify = sum(self._elapsed(marks[x][0], marks[x + 1][0]) for x in range(i, j) if marks[x][1] == "verify")
+            out.append((round(self._elapsed(a, b), 6), round(verify, 6)))
         return out

@@ -37,6 +37,9 @@ class StepResult:
 class Generation:
     tokens: list[int]  # new tokens only
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (drafted, accepted, accepted kept)
+    # per step, parallel to `steps`: (whole step, its verify phase) in seconds; each verify is a
+    # T(drafted + 1) sample at the real context (the cost-model refit and interference check use them)
+    step_times: list[tuple[float, float]] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -77,6 +80,7 @@ class Method:
         out = [self.start(prompt)]
         result = Generation(out)
         while len(out) < max_new_tokens and out[-1] not in eos_ids:
+            self.timer.step_mark()
             r = self.step(max_new_tokens - len(out))
             new = r.tokens[: max_new_tokens - len(out)]
             for j, t in enumerate(new):
@@ -85,7 +89,9 @@ class Method:
                     break
             result.steps.append((r.n_drafted, r.n_accepted, min(r.n_accepted, len(new))))
             out += new
+        self.timer.step_mark()  # the last step's end
         result.times = self.timer.stop()
+        result.step_times = self.timer.step_times
         return result
 
 

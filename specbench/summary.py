@@ -1,0 +1,193 @@
+"""A run's figures over its samples, with their uncertainty, and the end-of-run summary text.
+
+The headline speedup is pooled (ratio of summed tokens/s, the papers' way). Beside it: the
+median per-sample speedup (a few spoiled samples cannot move it) and a bootstrap confidence
+interval of the pooled speedup over samples; a run whose CI is wider than `max_rel_width` of
+its speedup is flagged (`ci_wide`). The cost model's prediction is given twice: from the
+start-up profile and refitted from the run's own verify steps (specbench/profiling.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
+from specbench.metrics.costmodel import interp_cost
+from specbench.profiling import refit_costs
+from specbench.stats import pooled_speedup_ci
+
+CI_DEFAULTS = {"level": 0.95, "resamples": 2000, "seed": 0, "max_rel_width": 0.2}
+
+
+def uncertainty(records: list[dict], ci: dict | None = None) -> dict:
+    """Median per-sample speedup, bootstrap CI of the pooled one, and the wide-CI flag."""
+    c = CI_DEFAULTS | dict(ci or {})
+    per = [r["speedup"] for r in records if r.get("speedup")]
+    pairs = [(r["ar"]["new_tokens"], r["ar"]["wall"], r["method"]["new_tokens"], r["method"]["wall"]) for r in records]
+    interval = pooled_speedup_ci(pairs, float(c["level"]), int(c["resamples"]), int(c["seed"]))
+    out = {"speedup_per_sample_median": statistics.median(per) if per else None,
+           "speedup_ci": list(interval) if interval else None, "ci_level": float(c["level"])}
+    pooled = _pooled(records)
+    if interval and pooled:
+        out["ci_rel_width"] = (interval[1] - interval[0]) / pooled
+        out["ci_wide"] = out["ci_rel_width"] > float(c["max_rel_width"])
+    return out
+
+
+def _pooled(records: list[dict]) -> float | None:
+    a = sum(r["ar"]["new_tokens"] for r in records), sum(r["ar"]["wall"] for r in records)
+    m = sum(r["method"]["new_tokens"] for r in records), sum(r["method"]["wall"] for r in records)
+    return (m[0] / m[1]) / (a[0] / a[1]) if a[0] and a[1] and m[1] else None
+
+
+def interference_summary(records: list[dict]) -> dict | None:
+    info = [r["interference"] for r in records if r.get("interference")]
+    if not info:
+        return None
+    loads = [r["load"] for r in records if r.get("load")]
+    avg = [x["loadavg_1m"] for x in loads if x.get("loadavg_1m") is not None]
+    cpu = [x["cpu_per_wall"] for x in loads if x.get("cpu_per_wall") is not None]
+    return {
+        "remeasured": sum(i["attempts"] > 1 for i in info),
+        "spiked": sum(bool(i["spiked"]) for i in info),
+        "loadavg_1m_median": statistics.median(avg) if avg else None,
+        "cpu_per_wall_median": statistics.median(cpu) if cpu else None,
+    }
+
+
+def _system(records: list[dict], key: str) -> dict:
+    tok = sum(r[key]["new_tokens"] for r in records)
+    wall = sum(r[key]["wall"] for r in records)
+    times: dict[str, float] = {}
+    q: dict[str, list[float]] = {}
+    for r in records:
+        for k, v in r[key].get("times", {}).items():
+            times[k] = times.get(k, 0.0) + v
+        for k, v in (r[key].get("quality") or {}).items():
+            q.setdefault(k, []).append(v)
+    return {
+        "new_tokens": tok,
+        "wall": wall,
+        "tokens_per_s": tok / wall if wall else None,
+        "times": times,
+        "time_share": {k: v / wall for k, v in times.items() if k != "wall"} if wall else {},
+        "quality": {k: statistics.fmean(v) for k, v in q.items()},
+    }
+
+
+def aggregate(records: list[dict], costs: dict[int, float] | None, per_category: bool = True, ci: dict | None = None) -> dict:
+    """Pooled figures over samples: ratios of sums (the papers' way), plus per-sample spreads."""
+    if not records:
+        return {"samples": 0}
+    out: dict = {"samples": len(records)}
+    for key in ("ar", "method", "base"):
+        if key != "base" or all("base" in r for r in records):
+            out[key] = _system(records, key)
+    m = out["method"]
+    out["speedup"] = m["tokens_per_s"] / out["ar"]["tokens_per_s"] if out["ar"]["tokens_per_s"] else None
+    per = [r["speedup"] for r in records if r.get("speedup")]
+    out["speedup_per_sample_mean"] = statistics.fmean(per) if per else None
+    out["speedup_per_sample_std"] = statistics.stdev(per) if len(per) > 1 else None
+    out |= uncertainty(records, ci)
+    out["matches_ar"] = sum(bool(r["matches_ar"]) for r in records)
+    inter = interference_summary(records)
+    if inter:
+        out["interference"] = inter
+    steps = [s for r in records for s in r["method"].get("steps", [])]
+    n_seq = sum(len(r["method"].get("tokens") or [None]) for r in records)  # one prefill token each
+    if steps:
+        acc = acceptance_metrics(steps, m["new_tokens"], n_seq)
+        out["acceptance"] = acc
+        out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
+        draft_cost = m["times"].get("draft", 0.0) / max(1, acc["drafted"])
+        timed = "draft" in m["times"]  # timing=coarse records the wall only: nothing to predict from
+        if costs and timed:
+            out["predicted_speedup"] = predicted_speedup(steps, m["new_tokens"], draft_cost, costs, n_seq)
+            out["alpha"] = draft_cost / interp_cost(costs, 1)
+            out["eq14_speedup"] = eq14_speedup(acc["v_d"], acc["r_d"], out["alpha"])
+        if timed and per_category and any(r["method"].get("step_times") for r in records):
+            refit = refit_costs(records)
+            out["refit_costs"] = refit
+            out["predicted_speedup_refit"] = predicted_speedup(steps, m["new_tokens"], draft_cost, refit, n_seq)
+    cats = sorted({r["category"] for r in records if r.get("category")}) if per_category else []
+    if cats:
+        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, False, ci) for c in cats}
+        for c in cats:
+            for k in ("pos_drafted", "pos_accepted"):
+                out["per_category"][c].pop(k, None)
+    return out
+
+
+def _fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def _ci_text(s: dict) -> str:
+    ci = s.get("speedup_ci")
+    if not ci:
+        return f"n={s['samples']}, no CI"
+    return f"{100 * s['ci_level']:.0f}% CI {ci[0]:.3f}-{ci[1]:.3f}, n={s['samples']}"
+
+
+def _measurement_lines(s: dict, meta: dict) -> list[str]:
+    lines = [
+        f"speedup {_fmt(s['speedup'], '.3f')}x pooled ({_ci_text(s)})   median per sample "
+        f"{_fmt(s.get('speedup_per_sample_median'), '.3f')}x   (per-sample mean {_fmt(s['speedup_per_sample_mean'], '.3f')}"
+        f" ± {_fmt(s['speedup_per_sample_std'], '.3f')})",
+        f"predicted {_fmt(s.get('predicted_speedup'), '.3f')}x (start-up profile)   "
+        f"{_fmt(s.get('predicted_speedup_refit'), '.3f')}x (refit from this run's verify steps)   "
+        f"eq.14 {_fmt(s.get('eq14_speedup'), '.3f')}x",
+    ]
+    prof = meta.get("profile")
+    if prof:
+        bad = f"; still non-monotone at k={prof['non_monotone']}" if prof.get("non_monotone") else ""
+        again = f"; re-measured k={sorted(prof['remeasured'])}" if prof.get("remeasured") else ""
+        lines.append(f"profile: spread of repeats up to {100 * prof['max_spread']:.0f}%{again}{bad}")
+    inter = s.get("interference")
+    if inter:
+        lines.append(
+            f"interference: {inter['remeasured']} sample(s) re-measured, {inter['spiked']} still spiked (flagged)   "
+            f"load avg {_fmt(inter['loadavg_1m_median'], '.2f')}   CPU/wall {_fmt(inter['cpu_per_wall_median'], '.2f')}"
+        )
+    if s.get("ci_wide"):
+        lines.append(f"warning: the CI spans {100 * s['ci_rel_width']:.0f}% of the speedup: "
+                     "more samples or a quieter machine (python -m specbench.calibrate checks)")
+    return lines
+
+
+def print_summary(s: dict, meta: dict) -> str:
+    lines = [
+        f"\n== {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {s['samples']} samples ==",
+        f"lossless by design: {meta['lossless']}   outputs identical to AR: {s.get('matches_ar', 0)}/{s['samples']}",
+        "settings: " + ", ".join(f"{k}={v}" for k, v in meta["method_settings"].items() if k not in ("method", "lossless")),
+    ]
+    if meta["method_settings"].get("draft_trained") is False:
+        lines.append("note: the draft is untrained (run `python -m specbench.train` to distil it); expect a slowdown")
+    if s["samples"]:
+        ar, m = s["ar"], s["method"]
+        lines.append(f"{'':10}{'tokens':>8}{'wall s':>9}{'tok/s':>8}   quality")
+        systems = [("AR", ar), (meta["method"], m)] + ([("AR base", s["base"])] if "base" in s else [])
+        for name, d in systems:
+            qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
+            lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
+        lines += _measurement_lines(s, meta)
+        acc = s.get("acceptance")
+        if acc:
+            lines.append(
+                f"v_d {_fmt(acc['v_d'])}  r_d {_fmt(acc['r_d'])}  HM {_fmt(acc['hm'], '.2f')}  tau {_fmt(acc['tau'], '.2f')}"
+                f"  accepted/step {_fmt(acc['mean_accepted'], '.2f')}  drafted/step {_fmt(acc['mean_drafted'], '.2f')}"
+            )
+            rates = [a / d if d else 0 for d, a in zip(s["pos_drafted"], s["pos_accepted"])]
+            lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
+        share = m["time_share"]
+        lines.append(
+            "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")
+        )
+        if s.get("per_category"):
+            lines.append("per category:")
+        for c, cs in (s.get("per_category") or {}).items():
+            tau = (cs.get("acceptance") or {}).get("tau")
+            lines.append(f"  {c[:22]:22} {cs['samples']:>4} samples  speedup {_fmt(cs.get('speedup'), '.3f')}x  tau {_fmt(tau, '.2f')}")
+    text = "\n".join(lines)
+    print(text)
+    return text
