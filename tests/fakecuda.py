@@ -201,7 +201,7 @@ def fake_cuda(bool_value: bool = True) -> Iterator[_CudaOnCpuBuild]:
         torch.cuda.synchronize, torch.nn.Module._apply, FakeTensor.__deepcopy__ = sync, apply, deepcopy
 
 
-TINY = {"num_layers": 4, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2}
+TINY = {"num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2}
 
 
 def fake_tiny_llama(dtype: torch.dtype = torch.bfloat16, **overrides) -> ModelAdapter:

@@ -93,10 +93,10 @@ def test_adapter_forward_masks_positions_skip_and_cache_on_cuda():
         _, mask, pos = space_layout(3)
         t.forward([5] * len(pos), cache, positions=cache.length() + pos.to(t.device), tree_mask=mask)  # mask on host
         cache.crop(L)
-        skip = LayerSkip(attn=frozenset({1}), mlp=frozenset({2}))
+        skip = LayerSkip(attn=frozenset({1}), mlp=frozenset({0}))
         logits, _ = t.forward([7], cache, positions=torch.tensor([L], device=t.device), skip=skip, last_only=True)
         assert on_cuda(logits) and cache.length(1) == L and cache.length(0) == L + 1
-        h = t.run_layers(t.embed([[1, 2], [3, 4]]), None, 0, 2)  # batched, no cache (training)
+        h = t.run_layers(t.embed([[1, 2], [3, 4]]), None, 0, 1)  # batched, no cache (training)
         assert on_cuda(h) and h.shape == (2, 2, t.hidden_size)
 
 
@@ -105,10 +105,10 @@ METHODS = {
     "ar": method_cfg("ar"),
     "vanilla_sd": method_cfg("vanilla_sd"),
     "pld": method_cfg("pld"),
-    "self_sd": method_cfg("self_sd", skip={"attn": [1], "mlp": [2]}),
-    "eesd": method_cfg("eesd", n_layers=2, allow_untrained=True, checkpoint=None),
-    "medusa": method_cfg("medusa", num_heads=3, allow_untrained=True, checkpoint=None, sizes=[2, 2, 1]),
-    "space": method_cfg("space", k=3, allow_untrained=True, checkpoint=None),
+    "self_sd": method_cfg("self_sd", skip={"attn": [1], "mlp": [0]}),
+    "eesd": method_cfg("eesd", n_layers=1, allow_untrained=True, checkpoint=None),
+    "medusa": method_cfg("medusa", num_heads=2, allow_untrained=True, checkpoint=None, sizes=[2, 1]),
+    "space": method_cfg("space", k=2, allow_untrained=True, checkpoint=None),
 }
 CASES = [(m, "greedy", True) for m in METHODS] + [(m, "sampling", True) for m in METHODS if m != "ar"]
 CASES += [("vanilla_sd", "sampling", False), ("pld", "sampling", False), ("medusa", "sampling", False)]
@@ -121,17 +121,17 @@ def test_method_generates_on_cuda(name, mode, accept):
     sampling = SamplingConfig() if mode == "greedy" else SAMPLE
     with fake_cuda(bool_value=accept):
         t = fake_tiny_llama()
-        m = build(name, t, METHODS[name], sampling, control("fixed", 3))
-        g = m.generate([1, 5, 6, 7, 5, 6], 6, {2}, 0)
-    assert len(g.tokens) == 6
+        m = build(name, t, METHODS[name], sampling, control("fixed", 2))
+        g = m.generate([1, 5, 6, 7, 5, 6], 4, {2}, 0)
+    assert len(g.tokens) == 4
 
 
 @pytest.mark.parametrize("name", ["beta_ts", "adaptive_threshold", "cali_ts"])
 def test_controllers_drive_a_draft_on_cuda(name):
     with fake_cuda():
         t = fake_tiny_llama()
-        m = build("eesd", t, METHODS["eesd"], SAMPLE, control(name, 3))
-        assert len(m.generate([1, 5, 6, 7], 5, {2}, 0).tokens) == 5
+        m = build("eesd", t, METHODS["eesd"], SAMPLE, control(name, 2))
+        assert len(m.generate([1, 5, 6, 7], 4, {2}, 0).tokens) == 4
 
 
 def test_cali_predictor_on_cuda_with_bf16_hidden_states():
@@ -161,10 +161,10 @@ def test_eesd_and_vanilla_losses_on_cuda():
         t = fake_tiny_llama()
         ids, labels = _batch(t)
         assert on_cuda(ids, labels)
-        exit_ = EarlyExit(t, 2).to(t.device)
-        logits, _ = exit_(t, t.run_layers(t.embed(ids), None, 0, 2), None)
+        exit_ = EarlyExit(t, 1).to(t.device)
+        logits, _ = exit_(t, t.run_layers(t.embed(ids), None, 0, 1), None)
         loss, _ = _ce(logits, labels)
-        draft = truncated_copy(t, 2)
+        draft = truncated_copy(t, 1)
         loss2, _ = _ce(draft.head(draft.run_layers(draft.embed(ids), None)), labels)
         assert on_cuda(loss, loss2) and loss.dtype == torch.float32
 
@@ -178,7 +178,7 @@ def test_medusa_and_space_losses_on_cuda():
     with fake_cuda():
         t = fake_tiny_llama()
         ids, labels = _batch(t)
-        heads = MedusaHeads(t, 3)
+        heads = MedusaHeads(t, 2)
         loss, _ = medusa_loss(t, heads, ids, labels)
         ft = finetuned_copy(t, "space", {"k": 2})
         s_ids, s_labels = sar_batch(ids, labels, 2, 0.0, random.Random(0), 0)
@@ -197,3 +197,19 @@ def test_optimizer_step_on_cuda():
             p.grad = torch.empty_like(p)
         # SGD: AdamW's bias correction and clip_grad_norm_ divide by values read back as dummy 0s
         torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False).step()
+
+
+def test_cali_labels_from_cuda_states_and_host_predictor():
+    """train_cali: labels from the target's states on the device; the predictor trains on the
+    host (CaliPredictor.train_on moves each batch to its weights' device)."""
+    from specbench.methods.eesd import EarlyExit
+    from specbench.train.trainers import cali_examples
+
+    with fake_cuda():
+        t = fake_tiny_llama()
+        exit_ = EarlyExit(t, 1).to(t.device)
+        th, dh, i, lab = cali_examples(t, exit_, [([1, 2, 3, 4, 5, 6], 2)], 3, 4, 0)
+        assert on_cuda(th, dh) and th.dtype == torch.float32
+        pred = CaliPredictor(t.hidden_size, 3)
+        p = pred(th, dh, i)
+        assert p.device.type == "cpu" and p.shape == lab.shape
