@@ -1,7 +1,7 @@
 """Fake CUDA tensors on a CPU-only torch build: device and dtype bugs without a GPU.
 
 `fake_cuda()` enters `torch._subclasses.fake_tensor.FakeTensorMode` plus a small
-`TorchFunctionMode` that does two things fake mode alone cannot on this build:
+`TorchFunctionMode` that handles what fake mode alone cannot on this build:
 
 - host -> device transfers: a CPU-only build refuses `tensor.to("cuda")` (and `.cuda()`,
   `torch.as_tensor(tensor, device="cuda")`, even `copy_` across devices) before any dispatch,
@@ -14,7 +14,7 @@
 - value reads (`.item()`, `.tolist()`, `int()`, `float()`, `bool()`): fake tensors have no
   values, so these return fixed dummies (0, 0.0, and `bool_value`) and decoding goes on along
   one deterministic path. Only shapes, dtypes and devices are checked; any op mixing `cuda:0`
-  and `cpu` tensors raises `FakeTensorDeviceMismatchError`.
+  and `cpu` tensors raises `FakeTensorDeviceMismatchError` (`DeviceMismatch` below).
 
 `fake_tiny_llama(dtype)` builds a tiny Llama inside the mode and moves it to fake `cuda`.
 Nothing here computes a number: value-level correctness is the other tests' job.
@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from transformers import LlamaForCausalLM
 
 from specbench.models import ModelAdapter, tiny_llama_config
 from specbench.models.tokenizer import ByteTokenizer
@@ -42,9 +43,11 @@ CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 
 
-class FakeTensorDeviceMismatchError(RuntimeError):
-    """An op mixed cuda and cpu tensors (raised where a binding fails before fake mode's own
-    check, which raises torch's FakeTensorDeviceMismatchError)."""
+class DeviceMismatch(RuntimeError):
+    """An op mixed cuda and cpu tensors, found where a binding fails before fake mode's own
+    device check (which raises torch's FakeTensorDeviceMismatchError)."""
+
+
 _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
           torch.Tensor.__float__, torch.Tensor.__index__}
 
@@ -106,7 +109,7 @@ class _CudaOnCpuBuild(TorchFunctionMode):
         cuda = [x for x in leaves if isinstance(x, FakeTensor) and x.device.type == "cuda"]
         cpu = [x for x in leaves if x.device.type == "cpu" and x.dim() > 0]
         if cuda and cpu:
-            raise FakeTensorDeviceMismatchError(f"{func.__name__}: tensors on cuda:0 and cpu")
+            raise DeviceMismatch(f"{func.__name__}: tensors on cuda:0 and cpu")
         for x in cuda:
             x.fake_device = CPU
         try:
@@ -206,8 +209,6 @@ TINY = {"num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads"
 
 def fake_tiny_llama(dtype: torch.dtype = torch.bfloat16, **overrides) -> ModelAdapter:
     """A tiny Llama with fake weights on fake `cuda` (call inside `fake_cuda()`)."""
-    from transformers import LlamaForCausalLM
-
     model = LlamaForCausalLM(tiny_llama_config(OmegaConf.create(TINY | overrides)))
     model.to(device=CUDA, dtype=dtype)
     adapter = ModelAdapter(model, ByteTokenizer(), "fake-tiny-llama")

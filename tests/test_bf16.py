@@ -66,10 +66,10 @@ def test_bf16_greedy_differs_from_ar_only_at_near_ties(name):
     m = build(name, target, METHODS[name], ctrl=control("fixed", 4))
     rng = random.Random(0)
     diverged = 0
-    for seed in range(6):
+    for seed in range(4):
         prompt = [rng.randrange(3, 259) for _ in range(rng.randint(2, 10))]
-        ar = ar_tokens(target, prompt, 24, frozenset(), seed)
-        out = m.generate(prompt, 24, frozenset(), seed).tokens
+        ar = ar_tokens(target, prompt, 20, frozenset(), seed)
+        out = m.generate(prompt, 20, frozenset(), seed).tokens
         j = next((i for i, (a, b) in enumerate(zip(ar, out)) if a != b), None)
         if j is None:
             continue
@@ -77,4 +77,4 @@ def test_bf16_greedy_differs_from_ar_only_at_near_ties(name):
         logits, _ = target.forward(prompt + ar[:j], target.new_cache(), last_only=True)
         row = logits[-1].float()
         assert row[ar[j]] - row[out[j]] <= BF16_TOLERANCE, (name, seed, j, float(row[ar[j]] - row[out[j]]))
-    assert diverged < 6  # most outputs still equal AR's
+    assert diverged < 4  # most outputs still equal AR's

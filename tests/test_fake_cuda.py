@@ -3,6 +3,8 @@
 these tests check devices, dtypes and shapes only (value tests live elsewhere). The model is a
 tiny bf16 Llama (the GPU default dtype) built under fake mode on `cuda`."""
 
+import random
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -15,9 +17,12 @@ from specbench.control.base import DraftInfo
 from specbench.engine.sampling import (
     SamplingConfig, accept_tests, draft_token_probs, one_hot, probs, residual, verify_sampling)
 from specbench.engine.tree import TokenTree, space_layout, verify_tree_sampling, verify_tree_typical
-from specbench.models import LayerSkip
+from specbench.methods.eesd import EarlyExit
+from specbench.methods.medusa import MedusaHeads
+from specbench.methods.space import MaskedEmbed, finetuned_copy
+from specbench.models import LayerSkip, truncated_copy
 from specbench.train.medusa_space import medusa_loss, sar_batch, space_loss
-from specbench.train.trainers import _ce, _pad
+from specbench.train.trainers import _ce, _pad, cali_examples
 
 pytestmark = pytest.mark.fake_cuda
 
@@ -154,9 +159,6 @@ def _batch(t):
 
 
 def test_eesd_and_vanilla_losses_on_cuda():
-    from specbench.methods.eesd import EarlyExit
-    from specbench.models import truncated_copy
-
     with fake_cuda():
         t = fake_tiny_llama()
         ids, labels = _batch(t)
@@ -170,10 +172,6 @@ def test_eesd_and_vanilla_losses_on_cuda():
 
 
 def test_medusa_and_space_losses_on_cuda():
-    import random
-
-    from specbench.methods.medusa import MedusaHeads
-    from specbench.methods.space import MaskedEmbed, finetuned_copy
 
     with fake_cuda():
         t = fake_tiny_llama()
@@ -187,8 +185,6 @@ def test_medusa_and_space_losses_on_cuda():
 
 
 def test_optimizer_step_on_cuda():
-    from specbench.methods.medusa import MedusaHeads
-
     with fake_cuda():
         heads = MedusaHeads(fake_tiny_llama(), 2)
         params = list(heads.parameters())
@@ -202,9 +198,6 @@ def test_optimizer_step_on_cuda():
 def test_cali_labels_from_cuda_states_and_host_predictor():
     """train_cali: labels from the target's states on the device; the predictor trains on the
     host (CaliPredictor.train_on moves each batch to its weights' device)."""
-    from specbench.methods.eesd import EarlyExit
-    from specbench.train.trainers import cali_examples
-
     with fake_cuda():
         t = fake_tiny_llama()
         exit_ = EarlyExit(t, 1).to(t.device)
