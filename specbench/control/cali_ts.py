@@ -36,11 +36,11 @@ class CaliPredictor(nn.Module):
         w = self.proj.weight
         th, dh = target_hidden.to(w), draft_hidden.to(w)  # methods may hand bf16/fp16 states
         idx = i.to(w.device).long().clamp(1, self.max_i) - 1
-        # One matmul per distinct position: gathering W[idx] would cost B*d*d memory.
+        # One matmul per position, each row keeping its own: gathering W[idx] would cost B*d*d
+        # memory, and picking the distinct positions (unique) reads values back from the device.
         z = torch.zeros_like(th)
-        for k in idx.unique().tolist():
-            m = idx == k
-            z = z.index_put((m,), th[m] @ self.W[k].T)
+        for k in range(self.max_i):
+            z = torch.where((idx == k).unsqueeze(-1), th @ self.W[k].T, z)
         return self.proj(torch.cat([z, dh], dim=-1)).squeeze(-1)
 
     def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, i: torch.Tensor) -> torch.Tensor:

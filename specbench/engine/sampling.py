@@ -71,6 +71,31 @@ def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, i
     return n, choice[n]
 
 
+def draft_token_probs(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p(x_i) and q(x_i) of each draft token ([k] each) from p, q: [k, V] (q None: one-hot, q(x) = 1)."""
+    p_x = p.gather(-1, draft.view(-1, 1)).squeeze(-1)
+    q_x = torch.ones_like(p_x) if q is None else q.gather(-1, draft.view(-1, 1)).squeeze(-1)
+    return p_x, q_x
+
+
+def accept_tests(p_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[k] bool: draft token i passes u_i < p(x_i)/q(x_i), written without dividing."""
+    return (q_x > 0) & (u * q_x <= p_x)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) for one row; p itself where the residual is empty (p == q exactly:
+    rejection then has probability 0, so any choice is unreachable but must be a distribution)."""
+    r = (p - q).clamp_min(0)
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total, p / p.sum(-1, keepdim=True))
+
+
+def one_hot(tok: int, like: torch.Tensor) -> torch.Tensor:
+    """A one-hot row on `like`'s device and dtype (a draft without a distribution)."""
+    return torch.nn.functional.one_hot(torch.tensor(tok, device=like.device), like.shape[-1]).to(like.dtype)
+
+
 def verify_sampling(
     target_logits: torch.Tensor,
     draft: list[int],
@@ -79,20 +104,21 @@ def verify_sampling(
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """Rejection sampling. draft_probs: [k, V] processed draft distributions, or None for a
-    deterministic draft (one-hot q)."""
+    deterministic draft (one-hot q).
+
+    The math stays on the model's device in float32 (float64 for a float64 model); only the k
+    accept decisions and the one row to sample from go to the host, where the generator is."""
     if cfg.greedy:
         return verify_greedy(target_logits, draft)
-    p = probs(target_logits, cfg).cpu()
-    q = draft_probs.cpu().to(p.dtype) if draft_probs is not None else None
-    u = torch.rand(len(draft), generator=generator, dtype=p.dtype) if draft else None
-    for i, tok in enumerate(draft):
-        p_x = p[i, tok]
-        q_x = q[i, tok] if q is not None else torch.ones((), dtype=p.dtype)
-        if q_x > 0 and u[i] * q_x <= p_x:  # u < p/q, written without dividing
-            continue
-        residual = (p[i] - (q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(tok), p.shape[-1]).to(p.dtype))).clamp_min(0)
-        total = residual.sum()
-        if total <= 0:  # p == q exactly: rejection has probability 0, keep p
-            residual, total = p[i], p[i].sum()
-        return i, sample(residual / total, generator)
-    return len(draft), sample(p[len(draft)], generator)
+    p = probs(target_logits, cfg)
+    k = len(draft)
+    if not k:
+        return 0, sample(p[0], generator)
+    q = draft_probs.to(p) if draft_probs is not None else None
+    u = torch.rand(k, generator=generator, dtype=p.dtype)  # on the host: the generator's device
+    p_x, q_x = draft_token_probs(p[:k], q, torch.tensor(draft, device=p.device))
+    ok = accept_tests(p_x, q_x, u.to(p.device)).tolist()
+    n = ok.index(False) if False in ok else k
+    if n == k:
+        return k, sample(p[k], generator)
+    return n, sample(residual(p[n], q[n] if q is not None else one_hot(draft[n], p[n])), generator)

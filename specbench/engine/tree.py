@@ -122,7 +122,7 @@ class TokenTree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depths.max())
+        return max(len(p) for p in self.paths)  # from the paths: no device read
 
     def expected_length(self, acc) -> float:
         """Expected accepted candidate tokens per step under independent head accuracies."""

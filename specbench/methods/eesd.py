@@ -101,7 +101,9 @@ class EESD(SpeculativeMethod):
             pred = CaliPredictor(self.target.hidden_size, int(ckpt["settings"].get("max_i", 10)))
             pred.load_state_dict(ckpt["state"])
             self.info["cali_predictor"] = ckpt["path"]
-            return {"predictor": pred.to(self.target.dtype)}
+            # on the target's device (no host copy of each hidden state); float32 whatever the
+            # model dtype: its inputs are cast to its weights (CaliPredictor.logits)
+            return {"predictor": pred.to(self.target.device)}
         return {}
 
     def describe(self) -> dict:

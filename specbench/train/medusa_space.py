@@ -39,7 +39,7 @@ def _agree(logits, labels) -> tuple[int, int]:
     keep = labels != -100
     if not keep.any():
         return 0, 0
-    return int((logits[keep].argmax(-1) == labels[keep]).sum()), int(keep.sum())
+    return int(((logits.argmax(-1) == labels) & keep).sum()), int(keep.sum())  # fixed shapes
 
 
 # -- Medusa -----------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def _ce(logits, labels):
     keep = lab != -100
     if not keep.any():  # every labelled position was cut by max_len: no signal, not NaN
         return flat.sum() * 0.0, (0, 0)
-    right = int((flat[keep].argmax(-1) == lab[keep]).sum())
+    right = int(((flat.argmax(-1) == lab) & keep).sum())  # no boolean indexing: fixed shapes
     return F.cross_entropy(flat, lab, ignore_index=-100), (right, int(keep.sum()))
 
 

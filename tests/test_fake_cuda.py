@@ -1,0 +1,208 @@
+"""The CUDA path without a GPU: every device-sensitive piece run on fake `cuda` tensors
+(tests/fakecuda.py). An op that mixes `cuda:0` and `cpu` tensors raises; values are fake, so
+these tests check devices, dtypes and shapes only (value tests live elsewhere). The model is a
+tiny bf16 Llama (the GPU default dtype) built under fake mode on `cuda`."""
+
+import random
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+from fakecuda import fake_cuda, fake_tiny_llama, on_cuda
+from helpers import build, control, method_cfg
+from specbench.control.cali_ts import CaliPredictor, CaliTS
+from specbench.control.base import DraftInfo
+from specbench.engine.sampling import (
+    SamplingConfig, accept_tests, draft_token_probs, one_hot, probs, residual, verify_sampling)
+from specbench.engine.tree import TokenTree, space_layout, verify_tree_sampling, verify_tree_typical
+from specbench.methods.eesd import EarlyExit
+from specbench.methods.medusa import MedusaHeads
+from specbench.methods.space import MaskedEmbed, finetuned_copy
+from specbench.models import LayerSkip, truncated_copy
+from specbench.train.medusa_space import medusa_loss, sar_batch, space_loss
+from specbench.train.trainers import _ce, _pad, cali_examples
+
+pytestmark = pytest.mark.fake_cuda
+
+SAMPLE = SamplingConfig(temperature=0.8, top_p=0.9, top_k=20)
+V = 259  # the byte tokenizer's vocabulary
+
+
+# -- rejection sampling math ---------------------------------------------------------------
+def test_cpu_one_hot_against_cuda_probabilities_is_caught():
+    """The bug the issue names: a one-hot built with torch.tensor(tok) lives on the CPU."""
+    with fake_cuda():
+        p = probs(torch.empty(3, V, device="cuda", dtype=torch.bfloat16), SAMPLE)
+        with pytest.raises(FakeTensorDeviceMismatchError):
+            p[0] - torch.nn.functional.one_hot(torch.tensor(5), V).to(p.dtype)
+
+
+def test_residual_with_one_hot_draft_stays_on_device():
+    with fake_cuda():
+        p = probs(torch.empty(3, V, device="cuda", dtype=torch.bfloat16), SAMPLE)
+        q = one_hot(5, p[0])
+        r = residual(p[0], q)
+        assert on_cuda(q, r) and r.dtype == torch.float32 and r.shape == (V,)
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_acceptance_math_on_device_in_float32(with_q):
+    with fake_cuda():
+        logits = torch.empty(4, V, device="cuda", dtype=torch.bfloat16)
+        p = probs(logits, SAMPLE)
+        q = probs(torch.empty(3, V, device="cuda", dtype=torch.bfloat16), SAMPLE) if with_q else None
+        draft = torch.tensor([1, 2, 3], device="cuda")
+        p_x, q_x = draft_token_probs(p[:3], q, draft)
+        ok = accept_tests(p_x, q_x, torch.rand(3).to("cuda"))
+        assert on_cuda(p, p_x, q_x, ok) and p.dtype == p_x.dtype == q_x.dtype == torch.float32
+        assert ok.dtype == torch.bool and ok.shape == (3,)
+
+
+@pytest.mark.parametrize("accept", [True, False])
+@pytest.mark.parametrize("with_q", [True, False])
+def test_verify_sampling_on_cuda(accept, with_q):
+    """accept=False makes every test fail, so the residual branch runs."""
+    with fake_cuda(bool_value=accept):
+        logits = torch.empty(4, V, device="cuda", dtype=torch.bfloat16)
+        q = probs(torch.empty(3, V, device="cuda", dtype=torch.bfloat16), SAMPLE) if with_q else None
+        n, tok = verify_sampling(logits, [1, 2, 3], q, SAMPLE, torch.Generator().manual_seed(0))
+    assert (n == 3) == accept and isinstance(tok, int)
+
+
+@pytest.mark.parametrize("accept", [True, False])
+def test_tree_verification_on_cuda(accept):
+    tree = TokenTree.cartesian([2, 2])  # structure built on the host, as methods do
+    with fake_cuda(bool_value=accept):
+        logits = torch.empty(len(tree), V, device="cuda", dtype=torch.bfloat16)
+        nodes = list(range(len(tree)))
+        path, tok = verify_tree_sampling(tree, nodes, logits, SAMPLE, torch.Generator().manual_seed(0))
+        path2, _ = verify_tree_typical(tree, nodes, logits, 0.8, 0.09, 0.3)
+    assert path[0] == 0 and path2[0] == 0
+
+
+# -- the adapter and the cache -------------------------------------------------------------
+def test_adapter_forward_masks_positions_skip_and_cache_on_cuda():
+    with fake_cuda():
+        t = fake_tiny_llama()
+        cache = t.new_cache()
+        logits, h = t.forward([1, 2, 3, 4], cache)
+        assert on_cuda(logits, h) and logits.dtype == torch.bfloat16 and logits.shape == (4, V)
+        tree = TokenTree.cartesian([2, 1])
+        L = cache.length()
+        logits, _ = t.forward(list(range(len(tree))), cache, positions=L + tree.depths.to(t.device),
+                              tree_mask=tree.mask.to(t.device))
+        cache.keep(L, [0, 2, 4])
+        assert cache.length() == L + 3
+        _, mask, pos = space_layout(3)
+        t.forward([5] * len(pos), cache, positions=cache.length() + pos.to(t.device), tree_mask=mask)  # mask on host
+        cache.crop(L)
+        skip = LayerSkip(attn=frozenset({1}), mlp=frozenset({0}))
+        logits, _ = t.forward([7], cache, positions=torch.tensor([L], device=t.device), skip=skip, last_only=True)
+        assert on_cuda(logits) and cache.length(1) == L and cache.length(0) == L + 1
+        h = t.run_layers(t.embed([[1, 2], [3, 4]]), None, 0, 1)  # batched, no cache (training)
+        assert on_cuda(h) and h.shape == (2, 2, t.hidden_size)
+
+
+# -- every method, end to end --------------------------------------------------------------
+METHODS = {
+    "ar": method_cfg("ar"),
+    "vanilla_sd": method_cfg("vanilla_sd"),
+    "pld": method_cfg("pld"),
+    "self_sd": method_cfg("self_sd", skip={"attn": [1], "mlp": [0]}),
+    "eesd": method_cfg("eesd", n_layers=1, allow_untrained=True, checkpoint=None),
+    "medusa": method_cfg("medusa", num_heads=2, allow_untrained=True, checkpoint=None, sizes=[2, 1]),
+    "space": method_cfg("space", k=2, allow_untrained=True, checkpoint=None),
+}
+CASES = [(m, "greedy", True) for m in METHODS] + [(m, "sampling", True) for m in METHODS if m != "ar"]
+CASES += [("vanilla_sd", "sampling", False), ("pld", "sampling", False), ("medusa", "sampling", False)]
+
+
+@pytest.mark.parametrize("name,mode,accept", CASES)
+def test_method_generates_on_cuda(name, mode, accept):
+    """Prefill, drafting, verification (with its residual branch when accept=False), cache
+    rollback and the controller on fake CUDA tensors; token values are dummies."""
+    sampling = SamplingConfig() if mode == "greedy" else SAMPLE
+    with fake_cuda(bool_value=accept):
+        t = fake_tiny_llama()
+        m = build(name, t, METHODS[name], sampling, control("fixed", 2))
+        g = m.generate([1, 5, 6, 7, 5, 6], 4, {2}, 0)
+    assert len(g.tokens) == 4
+
+
+@pytest.mark.parametrize("name", ["beta_ts", "adaptive_threshold", "cali_ts"])
+def test_controllers_drive_a_draft_on_cuda(name):
+    with fake_cuda():
+        t = fake_tiny_llama()
+        m = build("eesd", t, METHODS["eesd"], SAMPLE, control(name, 2))
+        assert len(m.generate([1, 5, 6, 7], 4, {2}, 0).tokens) == 4
+
+
+def test_cali_predictor_on_cuda_with_bf16_hidden_states():
+    with fake_cuda():
+        pred = CaliPredictor(32, max_i=4).to("cuda")
+        th = torch.empty(3, 32, device="cuda", dtype=torch.bfloat16)
+        p = pred(th, th, torch.tensor([1, 2, 9]))  # positions on the host, as the controller passes them
+        assert on_cuda(p) and p.dtype == torch.float32 and p.shape == (3,)
+        ctrl = CaliTS(predictor=pred, k_max=4)
+        ctrl.keep_drafting(DraftInfo(2, 0.5, th[0], th[1]))
+
+
+# -- a training step of each trainer -------------------------------------------------------
+# (up to the loss: autograd's engine would abort on a fake CUDA device, see tests/fakecuda.py)
+TCFG = OmegaConf.create({"max_len": 16})
+
+
+def _batch(t):
+    return _pad([([1, 2, 3, 4, 5, 6], 2), ([7, 8, 9], 1, [8, 9, 10])], 16, 0, t.device)
+
+
+def test_eesd_and_vanilla_losses_on_cuda():
+    with fake_cuda():
+        t = fake_tiny_llama()
+        ids, labels = _batch(t)
+        assert on_cuda(ids, labels)
+        exit_ = EarlyExit(t, 1).to(t.device)
+        logits, _ = exit_(t, t.run_layers(t.embed(ids), None, 0, 1), None)
+        loss, _ = _ce(logits, labels)
+        draft = truncated_copy(t, 1)
+        loss2, _ = _ce(draft.head(draft.run_layers(draft.embed(ids), None)), labels)
+        assert on_cuda(loss, loss2) and loss.dtype == torch.float32
+
+
+def test_medusa_and_space_losses_on_cuda():
+
+    with fake_cuda():
+        t = fake_tiny_llama()
+        ids, labels = _batch(t)
+        heads = MedusaHeads(t, 2)
+        loss, _ = medusa_loss(t, heads, ids, labels)
+        ft = finetuned_copy(t, "space", {"k": 2})
+        s_ids, s_labels = sar_batch(ids, labels, 2, 0.0, random.Random(0), 0)
+        loss2, _ = space_loss(ft, MaskedEmbed(t), s_ids, s_labels)
+        assert on_cuda(loss, loss2, s_ids, s_labels)
+
+
+def test_optimizer_step_on_cuda():
+    with fake_cuda():
+        heads = MedusaHeads(fake_tiny_llama(), 2)
+        params = list(heads.parameters())
+        for p in params:
+            p.requires_grad_(True)
+            p.grad = torch.empty_like(p)
+        # SGD: AdamW's bias correction and clip_grad_norm_ divide by values read back as dummy 0s
+        torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False).step()
+
+
+def test_cali_labels_from_cuda_states_and_host_predictor():
+    """train_cali: labels from the target's states on the device; the predictor trains on the
+    host (CaliPredictor.train_on moves each batch to its weights' device)."""
+    with fake_cuda():
+        t = fake_tiny_llama()
+        exit_ = EarlyExit(t, 1).to(t.device)
+        th, dh, i, lab = cali_examples(t, exit_, [([1, 2, 3, 4, 5, 6], 2)], 3, 4, 0)
+        assert on_cuda(th, dh) and th.dtype == torch.float32
+        pred = CaliPredictor(t.hidden_size, 3)
+        p = pred(th, dh, i)
+        assert p.device.type == "cpu" and p.shape == lab.shape
