@@ -64,6 +64,25 @@ def test_space_figure3_layout_mask_positions():
     assert len(layout) - 2 == 2 * (2 + 2)  # k(k+2) extra tokens
 
 
+def test_space_k3_mask_positions_by_hand():
+    """Paper's rule (section 3.2, Fig. 3): a mask sees the real tokens before it and the masks of
+    its own group up to itself; real tokens see only earlier real tokens. Position = visible - 1."""
+    layout, mask, pos = space_layout(3, prefix=1)
+    # 0:x  1-3:M(g0)  4:c1  5-7:M(g1)  8:c2  9-11:M(g2)  12:c3  13-15:M(g3)
+    sees = [
+        {0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3},
+        {0, 4}, {0, 4, 5}, {0, 4, 5, 6}, {0, 4, 5, 6, 7},
+        {0, 4, 8}, {0, 4, 8, 9}, {0, 4, 8, 9, 10}, {0, 4, 8, 9, 10, 11},
+        {0, 4, 8, 12}, {0, 4, 8, 12, 13}, {0, 4, 8, 12, 13, 14}, {0, 4, 8, 12, 13, 14, 15},
+    ]
+    expected = torch.zeros(16, 16, dtype=torch.bool)
+    for i, js in enumerate(sees):
+        expected[i, sorted(js)] = True
+    assert [kind for kind, _ in layout] == ["x"] + (["m"] * 3 + ["c"]) * 3 + ["m"] * 3
+    assert torch.equal(mask, expected)
+    assert pos.tolist() == [0, 1, 2, 3, 1, 2, 3, 4, 2, 3, 4, 5, 3, 4, 5, 6]
+
+
 def test_tree_forward_matches_causal_paths():
     target = tiny_model()
     g = torch.Generator().manual_seed(0)
