@@ -28,6 +28,7 @@ from specbench.metrics.costmodel import interp_cost
 from specbench.models import ModelAdapter, load_model
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
+from specbench.warmup import warm_up
 
 # config keys that may differ between a run and its resumption
 RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
@@ -325,8 +326,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         # warm-up: first calls pay for allocation and kernel selection; not measured
         warm = samples[0]
         prompt = target.tokenizer.encode_chat(warm.messages([]))
-        for m in (ar, method):
-            m.generate(prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids, 0)
+        warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
         if cfg.profile.enabled:
             costs = profile_forward(ar_target, list(cfg.profile.ks), int(cfg.profile.context), int(cfg.profile.reps))
             (run_dir.path / "forward_costs.json").write_text(json.dumps(costs))
