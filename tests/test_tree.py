@@ -126,3 +126,15 @@ def test_verify_tree_greedy_and_sampling_distribution():
         first = tokens[path[1]] if len(path) > 1 else tok
         counts[first] += 1
     assert torch.allclose(counts / n, p.float(), atol=0.03)
+
+
+def test_typical_acceptance_at_temperature_zero_is_greedy():
+    """Medusa (3.3.1 and its reference code): at temperature 0 candidates are checked against the
+    target's argmax; a T=1 softmax would accept a plausible non-argmax token here."""
+    from specbench.engine.tree import verify_tree_typical
+
+    tree = TokenTree.chain(1)
+    logits = torch.log(torch.tensor([[0.5, 0.45, 0.05], [0.1, 0.1, 0.8]], dtype=torch.float64))
+    nodes = [2, 1]  # root, then the candidate: token 1, not the argmax 0
+    assert verify_tree_typical(tree, nodes, logits, 0.0, 0.09, 0.3) == verify_tree_greedy(tree, nodes, logits) == ([0], 0)
+    assert verify_tree_typical(tree, nodes, logits, 1.0, 0.09, 0.3) == ([0, 1], 2)  # sampling: typical accepts it

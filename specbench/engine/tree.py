@@ -184,11 +184,13 @@ def verify_tree_sampling(tree: TokenTree, node_tokens: list[int], logits: torch.
 def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.Tensor, temperature: float,
                         epsilon: float, delta: float) -> tuple[list[int], int]:
     """Medusa typical acceptance (3.3.1), lossy: a node's token is accepted if
-    p(x) > min(epsilon, delta * exp(-H(p))) with p = softmax(logits / T) of its parent (T = 1
-    when decoding greedily); the longest accepted path wins (ties: lower ranks first); the
-    token after it is the target's greedy choice."""
-    t = temperature if temperature > 0 else 1.0
-    p = torch.softmax(logits.double() / t, -1)
+    p(x) > min(epsilon, delta * exp(-H(p))) with p = softmax(logits / T) of its parent; the
+    longest accepted path wins (ties: lower ranks first); the token after it is the target's
+    greedy choice. At T = 0 there is no distribution to be typical of: greedy verification, as
+    in Medusa's reference code (so the output then equals AR's)."""
+    if temperature <= 0:
+        return verify_tree_greedy(tree, node_tokens, logits)
+    p = torch.softmax(logits.double() / temperature, -1)
     ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
     thresh = torch.minimum(torch.full_like(ent, float(epsilon)), float(delta) * torch.exp(-ent))
     ok = [False] * len(tree)
