@@ -3,6 +3,7 @@
     python bench/bench.py --suite core        # issue: AR, vanilla SD, PLD, hf_assisted
     python bench/bench.py --suite selfdraft   # Self-SD and EESD with fixed K, Beta-TS, Cali-TS
     python bench/bench.py --suite heads       # Medusa (greedy, typical) and SPACE
+    python bench/bench.py --suite fidelity    # SPACE mask rules, Beta-TS counts, Cali-TS (issue 8)
 
 Each configuration is a normal specbench run (AR interleaved with the method on the same
 samples, in this process); its speedup is a ratio inside that run. Results land in
@@ -54,6 +55,17 @@ SUITES = {
             ("medusa-greedy", ["method=medusa", "method.share_head=true"]),
             ("medusa-typical-t0.7", ["method=medusa", "method.share_head=true", "method.acceptance=typical", "sampling.temperature=0.7"]),
             ("space-k5", ["method=space"]),
+        ],
+    },
+    # issue 8: SPACE's mask rule and Beta-TS's counts, before (literal) vs after (default)
+    "fidelity": {
+        "tasks": ["gsm8k", "mt_bench"],
+        "runs": [
+            ("space-k5-group", ["method=space", "method.mask_rule=group"]),
+            ("space-k5-eq6", ["method=space", "method.mask_rule=eq6"]),
+            ("eesd-beta_ts", ["method=eesd", "control=beta_ts"]),
+            ("eesd-beta_ts-paper_output", ["method=eesd", "control=beta_ts", "control.counts=paper_output"]),
+            ("eesd-cali_ts", ["method=eesd", "control=cali_ts"]),
         ],
     },
 }

@@ -32,6 +32,7 @@ from specbench.rundir import RunDir
 from specbench.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
+from specbench.warmup import warm_up
 
 def environment() -> dict:
     import transformers
@@ -127,10 +128,10 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
     return rec
 
 
+@torch.no_grad()  # restores the caller's grad mode on return (in-process callers may train next)
 def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     """One benchmark run. `target`: an already loaded model for cfg.model (benchmarks that run
     several methods load it once)."""
-    torch.set_grad_enabled(False)
     validate(cfg)
     check_mode(str(cfg.get("timing", "fine")))
     if cfg.get("threads"):
@@ -171,8 +172,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         # warm-up: first calls pay for allocation and kernel selection; not measured
         warm = samples[0]
         prompt = target.tokenizer.encode_chat(warm.messages([]))
-        for m in (ar, method):
-            m.generate(prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids, 0)
+        warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
         if cfg.profile.enabled:
             p = cfg.profile
             prof = profile_forward(ar_target, list(p.ks), int(p.context), int(p.reps),

@@ -43,14 +43,54 @@ def mean_draft_length(ctrl, accept_all, rounds=400):
 
 def test_beta_ts_posterior_updates():
     c = BetaTS(alpha0=1, beta0=1)
-    c.update(5, 2)  # |Q_v| = 3: r = 2, n = min(4, 5) = 4
-    assert (c.alpha, c.beta) == (3, 3)
-    c.update(5, 5)  # |Q_v| = 6: r = 5, n = min(7, 5) = 5, so no failure
-    assert (c.alpha, c.beta) == (8, 3)
-    c.update(5, 4)  # only the last draft rejected: r = 4, n = min(6, 5) = 5
+    c.update(5, 2)  # 2 successes, then the 3rd draft rejected: one failure
+    assert (c.alpha, c.beta) == (3, 2)
+    c.update(5, 5)  # all accepted: no failure
+    assert (c.alpha, c.beta) == (8, 2)
+    c.update(5, 4)  # only the last draft rejected: one failure
+    assert (c.alpha, c.beta) == (12, 3)
+    c.update(1, 0)
     assert (c.alpha, c.beta) == (12, 4)
-    c.update(1, 0)  # r = 0, n = min(2, 1) = 1
-    assert (c.alpha, c.beta) == (12, 5)
+
+
+@pytest.mark.parametrize("counts, want", [
+    ("paper_output", [(3, 3), (8, 3), (12, 4), (12, 5)]),  # |Q_v| = a + 1: r = a, n = min(a + 2, k)
+    ("paper_subset", [(2, 3), (6, 4), (9, 6), (8, 8)]),  # |Q_v| = a: r = a - 1, n = min(a + 1, k)
+])
+def test_beta_ts_literal_counts_selectable(counts, want):
+    c = build_controller({"name": "beta_ts", "counts": counts})
+    got = []
+    for k, a in [(5, 2), (5, 5), (5, 4), (1, 0)]:
+        c.update(k, a)
+        got.append((c.alpha, c.beta))
+    assert got == want
+    with pytest.raises(SpecBenchError, match="control.counts 'x'; allowed: consistent, paper_output, paper_subset"):
+        build_controller({"name": "beta_ts", "counts": "x"})
+
+
+def simulated_posterior_mean(theta, counts=None, rounds=4000, seed=0):
+    """Beta-TS drafting against a stream whose draft tokens are each accepted with probability
+    theta (given the ones before were): the posterior mean at the end."""
+    ctrl = BetaTS(seed=seed) if counts is None else BetaTS(counts=counts, seed=seed)
+    world = torch.Generator().manual_seed(seed + 1)
+    for _ in range(rounds):
+        k = simulate_round(ctrl, [0.5])
+        a = 0
+        while a < k and torch.rand((), generator=world).item() < theta:
+            a += 1
+        ctrl.update(k, a)
+    return ctrl.alpha / (ctrl.alpha + ctrl.beta)
+
+
+@pytest.mark.parametrize("theta", [0.3, 0.6, 0.85])
+def test_beta_ts_posterior_finds_the_true_acceptance(theta):
+    """The default counts recover theta. The literal readings of Algorithm 2 do not: measured
+    with this simulation, paper_output gives 0.3 -> 0.27, 0.6 -> 0.51, 0.85 -> 0.77 and
+    paper_subset collapses to ~0 for every theta (a round with nothing accepted takes one from
+    alpha, alpha sits at its floor, rounds shrink to one draft whose best outcome adds r = 0)."""
+    assert abs(simulated_posterior_mean(theta) - theta) < 0.03
+    assert simulated_posterior_mean(theta, "paper_output") < theta - 0.03
+    assert simulated_posterior_mean(theta, "paper_subset") < 0.05
 
 
 def test_beta_ts_reset_per_sequence():
@@ -61,7 +101,7 @@ def test_beta_ts_reset_per_sequence():
     keep = BetaTS(alpha0=2, beta0=3, reset_per_sequence=False)
     keep.update(5, 2)
     keep.reset(1)
-    assert (keep.alpha, keep.beta) == (4, 5)
+    assert (keep.alpha, keep.beta) == (4, 4)
 
 
 def test_round_counts_are_checked():
@@ -87,10 +127,13 @@ def test_cali_ts_posterior_by_hand():
 
 def test_cali_ts_theta_hat_mean():
     c = CaliTS(theta0=0.5)
-    c.update(5, 2)  # r = 2 of 4 trials
-    assert (c.n, c.theta_hat) == (1, pytest.approx((0.5 + 2) / (1 + 4)))
+    c.update(5, 2)  # r = 2 of 3 trials (consistent counts)
+    assert (c.n, c.theta_hat) == (1, pytest.approx((0.5 + 2) / (1 + 3)))
     c.update(5, 5)  # r = 5 of 5
-    assert (c.n, c.theta_hat) == (2, pytest.approx((0.5 + 7) / (1 + 9)))
+    assert (c.n, c.theta_hat) == (2, pytest.approx((0.5 + 7) / (1 + 8)))
+    old = CaliTS(theta0=0.5, counts="paper_output")
+    old.update(5, 2)  # r = 2 of 4 trials
+    assert old.theta_hat == pytest.approx((0.5 + 2) / (1 + 4))
 
 
 def test_cali_ts_theta_hat_paper_eq10():

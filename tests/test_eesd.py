@@ -149,3 +149,56 @@ def test_vanilla_draft_distillation_is_picked_up(tmp_path, monkeypatch, data_dir
     assert m.describe()["draft_trained"] is True
     prompt = target.tokenizer.encode_chat([{"role": "user", "content": "draft"}])
     assert m.generate(prompt, 20, frozenset(), 0).tokens == ar(target).generate(prompt, 20, frozenset(), 0).tokens
+
+
+class _Recorder:
+    """Stands in for a controller (never registered): drafts k_max tokens a round and records
+    what a controller is handed, with the pending token's position at the round's start."""
+
+    name, needs_hidden = "recorder", True
+
+    def __init__(self, method, k_max):
+        self.method, self.k_max, self.rounds = method, k_max, []
+
+    def reset(self, seed=None):
+        pass
+
+    def begin_round(self):
+        self.rounds.append({"pending": len(self.method.tokens) - 1, "infos": [], "accepted": None})
+
+    def keep_drafting(self, info):
+        self.rounds[-1]["infos"].append(info)
+        return True
+
+    def update(self, n_drafted, n_accepted):
+        self.rounds[-1]["accepted"] = n_accepted
+
+
+def test_cali_training_pairs_are_what_the_controller_sees_when_decoding():
+    """The predictor must be trained on the inputs it gets at decode time: for every draft token
+    whose context is on the committed sequence (i <= accepted + 1), the training-data builder,
+    given that sequence, position t = pending - 1 (the last verified token) and i, returns the
+    controller's (target hidden, draft hidden, i, accepted?) exactly."""
+    from specbench.train.trainers import cali_features, cali_pair
+
+    target = tiny_model()
+    m = eesd(target, 3, {"name": "fixed", "k": 4, "k_max": 4})
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # the exit layer starts as the target's last layer: perturb it so some drafts fail
+        for p in m.exit.layer.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
+    m.controller = _Recorder(m, 4)
+    prompt = [5, 17, 99, 3, 42, 8]
+    out = m.generate(prompt, 40, frozenset(), 0).tokens
+    feats = cali_features(target, m.exit, prompt + out)
+    seen = labels = 0
+    for r in m.controller.rounds:
+        a = r["accepted"]
+        for info in r["infos"][: a + 1]:
+            th, dh, i, label = cali_pair(feats, r["pending"] - 1, info.i)
+            torch.testing.assert_close(th, info.target_hidden, rtol=0, atol=1e-9)
+            torch.testing.assert_close(dh, info.draft_hidden, rtol=0, atol=1e-9,
+                                       msg=lambda s, i=info.i: f"draft hidden of draft token {i}: {s}")
+            assert (i, label) == (info.i, float(info.i <= a))
+            seen, labels = seen + 1, labels + label
+    assert seen > 10 and 0 < labels < seen and max(len(r["infos"]) for r in m.controller.rounds) == 4

@@ -53,10 +53,13 @@ def test_missing_heads_error(tmp_path, monkeypatch):
 
 
 def test_typical_marks_lossy():
-    m = build("medusa", tiny_model(), method_cfg("medusa", allow_untrained=True, acceptance="typical"))
+    cfg = method_cfg("medusa", allow_untrained=True, acceptance="typical")
+    m = build("medusa", tiny_model(), cfg, sampling=SamplingConfig(temperature=0.7))
     assert m.lossless is False
     out = m.generate([5, 6, 7], 8, frozenset(), 0).tokens
     assert len(out) == 8
+    greedy = build("medusa", tiny_model(), cfg)  # T=0: typical falls back to greedy verification
+    assert greedy.lossless and greedy.generate([5, 6, 7], 8, frozenset(), 0).tokens == ar_tokens(tiny_model(), [5, 6, 7], 8)
 
 
 def test_sparse_tree_config():

@@ -226,3 +226,45 @@ def test_pooled_tau_counts_one_prefill_token_per_sequence(base_run):
 def test_profile_without_k1(tmp_path, data_dir):
     s = runner.run(make_cfg(tmp_path / "p", data_dir, "profile.enabled=true", "profile.ks=[2,4]", "profile.reps=1", "profile.context=10"))
     assert s["alpha"] is not None
+
+
+def test_warm_up_leaves_controllers_as_they_were(tmp_path, data_dir, monkeypatch):
+    """A controller that keeps its state across sequences must start the measured run fresh: the
+    unmeasured warm-up may not have moved its posterior."""
+    from specbench.methods.base import Method
+
+    real, seen = Method.generate, []
+
+    def spy(self, *args, **kwargs):
+        if hasattr(self, "controller"):
+            seen.append(dict(self.controller.state()))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Method, "generate", spy)
+    runner.run(make_cfg(tmp_path / "w", data_dir, "control=beta_ts", "control.reset_per_sequence=false", "warmup_tokens=6"))
+    fresh = {"alpha": 1.0, "beta": 1.0, "theta": None}
+    assert seen[0] == fresh  # the warm-up
+    assert seen[1] == fresh, "the first measured sequence saw the warm-up's posterior"
+    assert seen[2] != fresh  # and state does carry across measured sequences, as configured
+
+
+def test_speedup_is_method_over_ar(tmp_path, data_dir, monkeypatch):
+    """A method that sleeps on every step is slower than AR: its speedup must be < 1 (an inverted
+    ratio, AR's rate over the method's, would report > 1)."""
+    import time
+
+    from specbench.methods.base import METHODS, ARMethod
+
+    class Sleepy(ARMethod):
+        name = "sleepy"
+
+        def step(self, budget):
+            time.sleep(0.01)
+            return super().step(budget)
+
+    monkeypatch.setitem(METHODS, "sleepy", Sleepy)
+    s = runner.run(make_cfg(tmp_path / "s", data_dir, "method=ar", "method.name=sleepy"))
+    recs = records(tmp_path / "s")
+    assert all(r["matches_ar"] for r in recs) and s["meta"]["method"] == "sleepy"
+    assert all(r["speedup"] < 1 for r in recs)
+    assert s["speedup"] < 1

@@ -10,7 +10,7 @@ import specbench.train.medusa_space  # noqa: F401 - registers the trainers
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
 from specbench.methods.space import MASK
-from specbench.train.medusa_space import sar_batch
+from specbench.train.medusa_space import sar_batch, sar_example, space_logits
 from specbench.train.trainers import TRAINERS, _pad
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import tiny_sequences, train_cfg
@@ -91,3 +91,42 @@ def test_space_rejection_sampling_is_lossless_end_to_end():
     m = build("space", target, method_cfg("space", allow_untrained=True, k=2), sampling=E2E_SAMPLING)
     acc = check_sampling_matches_target(m, m.finetuned_adapter)
     assert acc > 20
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_decode_layout_shows_the_model_its_training_layout(k):
+    """Train and decode must show the model the same thing: in one decoding forward over
+    [x, M*k, c1, M*k, ..., ck, M*k], the logits at c_g and at group g's masks equal those of the
+    SAR-SFT training input [prompt, x, c1..cg, M*k] (causal, plain positions), for every g."""
+    target = tiny_model()
+    m = build("space", target, method_cfg("space", allow_untrained=True, k=k))
+    ft = m.finetuned_adapter
+    g = torch.Generator().manual_seed(k)
+    prompt = torch.randint(3, 259, (6,), generator=g).tolist()
+    x, *cands = torch.randint(3, 259, (k + 1,), generator=g).tolist()
+    m.cache = ft.new_cache()
+    m._forward(prompt)
+    L = m.cache.length()
+    ids = [x if kind == "x" else (cands[i - 1] if kind == "c" else MASK) for kind, i in m.layout]
+    decode = m._forward(ids, positions=L + m.pos, tree_mask=m.mask)
+    seq = prompt + [x] + cands
+    for grp in range(k + 1):
+        cut = len(prompt) + 1 + grp
+        row, _ = sar_example(seq + [0] * k, [0] * (len(seq) + k), cut, k)
+        train = space_logits(ft, m.mask_embed, row)[0]
+        torch.testing.assert_close(decode[m.real_idx[grp]], train[cut - 1], rtol=0, atol=1e-9)
+        torch.testing.assert_close(decode[m.groups[grp]], train[cut:], rtol=0, atol=1e-9,
+                                   msg=lambda s, grp=grp: f"k={k}, mask group {grp}: {s}")
+
+
+def test_mask_rule_eq6_literal_selectable_and_lossless():
+    from specbench.engine.tree import space_layout
+
+    assert torch.equal(space_layout(2, rule="eq6")[1], space_layout(2)[1])  # the readings agree at k=2
+    assert not torch.equal(space_layout(3, rule="eq6")[1], space_layout(3)[1])
+    target = tiny_model()
+    m = build("space", target, method_cfg("space", allow_untrained=True, k=5, mask_rule="eq6"))
+    assert m.describe()["mask_rule"] == "eq6"
+    assert m.generate([5, 6, 7], 16, frozenset(), 0).tokens == ar_tokens(target, [5, 6, 7], 16)
+    with pytest.raises(SpecBenchError, match="method.mask_rule 'x'; allowed: eq6, group"):
+        build("space", target, method_cfg("space", allow_untrained=True, k=2, mask_rule="x"))

@@ -64,6 +64,25 @@ def test_space_figure3_layout_mask_positions():
     assert len(layout) - 2 == 2 * (2 + 2)  # k(k+2) extra tokens
 
 
+def test_space_k3_mask_positions_by_hand():
+    """Paper's rule (section 3.2, Fig. 3): a mask sees the real tokens before it and the masks of
+    its own group up to itself; real tokens see only earlier real tokens. Position = visible - 1."""
+    layout, mask, pos = space_layout(3, prefix=1)
+    # 0:x  1-3:M(g0)  4:c1  5-7:M(g1)  8:c2  9-11:M(g2)  12:c3  13-15:M(g3)
+    sees = [
+        {0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3},
+        {0, 4}, {0, 4, 5}, {0, 4, 5, 6}, {0, 4, 5, 6, 7},
+        {0, 4, 8}, {0, 4, 8, 9}, {0, 4, 8, 9, 10}, {0, 4, 8, 9, 10, 11},
+        {0, 4, 8, 12}, {0, 4, 8, 12, 13}, {0, 4, 8, 12, 13, 14}, {0, 4, 8, 12, 13, 14, 15},
+    ]
+    expected = torch.zeros(16, 16, dtype=torch.bool)
+    for i, js in enumerate(sees):
+        expected[i, sorted(js)] = True
+    assert [kind for kind, _ in layout] == ["x"] + (["m"] * 3 + ["c"]) * 3 + ["m"] * 3
+    assert torch.equal(mask, expected)
+    assert pos.tolist() == [0, 1, 2, 3, 1, 2, 3, 4, 2, 3, 4, 5, 3, 4, 5, 6]
+
+
 def test_tree_forward_matches_causal_paths():
     target = tiny_model()
     g = torch.Generator().manual_seed(0)
@@ -107,3 +126,15 @@ def test_verify_tree_greedy_and_sampling_distribution():
         first = tokens[path[1]] if len(path) > 1 else tok
         counts[first] += 1
     assert torch.allclose(counts / n, p.float(), atol=0.03)
+
+
+def test_typical_acceptance_at_temperature_zero_is_greedy():
+    """Medusa (3.3.1 and its reference code): at temperature 0 candidates are checked against the
+    target's argmax; a T=1 softmax would accept a plausible non-argmax token here."""
+    from specbench.engine.tree import verify_tree_typical
+
+    tree = TokenTree.chain(1)
+    logits = torch.log(torch.tensor([[0.5, 0.45, 0.05], [0.1, 0.1, 0.8]], dtype=torch.float64))
+    nodes = [2, 1]  # root, then the candidate: token 1, not the argmax 0
+    assert verify_tree_typical(tree, nodes, logits, 0.0, 0.09, 0.3) == verify_tree_greedy(tree, nodes, logits) == ([0], 0)
+    assert verify_tree_typical(tree, nodes, logits, 1.0, 0.09, 0.3) == ([0, 1], 2)  # sampling: typical accepts it

@@ -6,11 +6,27 @@ import torch
 from scipy.special import betaincinv
 
 from specbench.control.base import Controller, DraftInfo, check_round, register_controller
-from specbench.errors import SpecBenchError
+from specbench.errors import SpecBenchError, choice_error
 
 
 def bernoulli(rng: torch.Generator, p: float) -> bool:
     return torch.rand((), generator=rng).item() < p
+
+
+COUNTS = ("consistent", "paper_output", "paper_subset")
+ALPHA_FLOOR = 1e-3
+
+
+def round_counts(n_drafted: int, n_accepted: int, counts: str = "consistent") -> tuple[int, int]:
+    """(successes r, trials n) a verified round adds to the posterior; see BetaTS."""
+    a, k = n_accepted, n_drafted
+    if counts == "consistent":
+        return a, min(a + 1, k)
+    if counts == "paper_output":
+        return a, min(a + 2, k)
+    if counts == "paper_subset":
+        return a - 1, min(a + 1, k)
+    raise choice_error("control.counts", counts, COUNTS)
 
 
 @register_controller
@@ -21,17 +37,23 @@ class BetaTS(Controller):
     we draw both as the paper does and log the last theta.) theta comes from the inverse CDF of a
     uniform drawn from `self.rng`, so a seed fixes every decision.
 
-    After verification (Algorithm 2, steps 18-21), with
-        |Q_v| = n_accepted + 1   the tokens the round added to the output: the accepted drafts plus the
-                                 target's own next token (t <- t + |Q_v| counts output tokens, and every
-                                 round yields at least one, so |Q_v| >= 1)
-        |Q_d| = n_drafted
-        r = |Q_v| - 1 = n_accepted           successes: drafts that it paid to continue to
-        n = min(|Q_v| + 1, |Q_d|)            trials the target got to check
-        alpha += r;  beta += n - r
-    so a round with every draft accepted adds no failure, one with only the last draft rejected adds
-    one, and any earlier rejection adds two. n - r = min(2, n_drafted - n_accepted) is never negative
-    for valid counts (check_round enforces n_accepted <= n_drafted); the max(0, .) only guards that.
+    After verification: alpha += r, beta += n - r, with (r, n) from `round_counts` by `counts`
+    (a = n_accepted, k = n_drafted):
+      - "consistent" (default): r = a, n = min(a + 1, k). theta is the chance that a draft token is
+        accepted given the ones before it were; a round is a run of such Bernoulli trials that stops
+        at the first rejection or at k, so it observes a successes and one failure if a < k. Its
+        likelihood is theta^a (1 - theta)^[a < k], exactly the Beta update, so the posterior mean
+        converges to the true per-token acceptance.
+      - "paper_output": Algorithm 2, steps 18-21, r = |Q_v| - 1, n = min(|Q_v| + 1, |Q_d|), reading
+        |Q_v| = a + 1 as the tokens the round added to the output (the accepted drafts plus the
+        target's own token; step 17's t <- t + |Q_v| counts output tokens). Gives r = a,
+        n = min(a + 2, k): two failures for every round rejected before its last draft, so the
+        posterior mean settles below the true rate (simulated: 0.3 -> 0.27, 0.6 -> 0.51, 0.85 -> 0.77).
+      - "paper_subset": the same steps reading step 15's Q_v subset-of Q_d literally, |Q_v| = a:
+        r = a - 1 (-1 when nothing is accepted), n = min(a + 1, k). alpha is kept >= ALPHA_FLOOR so
+        the posterior stays a Beta; it collapses towards 0 whatever theta (tests/test_controllers.py).
+    The algorithm's two readings disagree with each other and with its own Bernoulli model; the
+    default is the reading consistent with that model (README, "Draft-length controllers").
 
     The posterior persists across the rounds of a sequence; `reset_per_sequence` (default True)
     restarts it from the prior Beta(alpha0, beta0) at each new sequence, False keeps it across samples.
@@ -40,11 +62,14 @@ class BetaTS(Controller):
     name = "beta_ts"
 
     def __init__(self, alpha0: float = 1.0, beta0: float = 1.0, reset_per_sequence: bool = True,
-                 k_max: int = 10, seed: int = 0, **kw):
+                 counts: str = "consistent", k_max: int = 10, seed: int = 0, **kw):
         super().__init__(k_max=k_max, seed=seed, **kw)
         if float(alpha0) <= 0 or float(beta0) <= 0:
             raise SpecBenchError(f"control.alpha0 and control.beta0 must be > 0, got {alpha0}, {beta0}")
         self.alpha0, self.beta0 = float(alpha0), float(beta0)
+        if counts not in COUNTS:
+            raise choice_error("control.counts", counts, COUNTS)
+        self.counts = counts
         self.reset_per_sequence = bool(reset_per_sequence)
         self.alpha, self.beta, self.theta = self.alpha0, self.beta0, None
 
@@ -61,11 +86,9 @@ class BetaTS(Controller):
     def update(self, n_drafted: int, n_accepted: int) -> None:
         if not check_round(n_drafted, n_accepted):
             return
-        q_v = n_accepted + 1
-        r = q_v - 1
-        n = min(q_v + 1, n_drafted)
-        self.alpha += r
-        self.beta += max(0, n - r)
+        r, n = round_counts(n_drafted, n_accepted, self.counts)
+        self.alpha = max(ALPHA_FLOOR, self.alpha + r)
+        self.beta += n - r
 
     def state(self) -> dict:
         return {"alpha": self.alpha, "beta": self.beta, "theta": self.theta}

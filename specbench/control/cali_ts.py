@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from specbench.control.base import Controller, DraftInfo, check_round, register_controller
-from specbench.control.beta_ts import bernoulli
-from specbench.errors import SpecBenchError
+from specbench.control.beta_ts import COUNTS, bernoulli, round_counts
+from specbench.errors import SpecBenchError, choice_error
 
 
 class CaliPredictor(nn.Module):
@@ -50,6 +50,10 @@ class CaliPredictor(nn.Module):
     def train_on(self, examples, epochs: int = 3, lr: float = 1e-3, batch_size: int = 64, seed: int = 0) -> list[float]:
         """Fit on (target_hidden [N, d], draft_hidden [N, d], i [N], label [N]) with binary cross-entropy;
         label 1 when the draft token equalled the target's token. Returns the mean loss of each epoch."""
+        with torch.enable_grad():  # callers may be inside no_grad (a run, a bench)
+            return self._fit(examples, epochs, lr, batch_size, seed)
+
+    def _fit(self, examples, epochs, lr, batch_size, seed) -> list[float]:
         th, dh, pos, label = examples
         dev = self.proj.weight.device
         opt = torch.optim.Adam(self.parameters(), lr=lr)
@@ -98,9 +102,10 @@ class CaliTS(Controller):
     (theta_hat before any round) have no values in the paper; 0.2, 0.3 and 0.5 are our choices.
 
     After verification n += 1 and theta_hat is updated by `theta_update`:
-      - "mean" (default): the running mean of chi under Beta-TS's accounting (see beta_ts.BetaTS:
-        r = n_accepted successes out of min(n_accepted + 2, n_drafted) trials), with theta0 as one
-        pseudo-observation: theta_hat = (theta0 + sum r) / (1 + sum trials).
+      - "mean" (default): the running mean of chi under Beta-TS's accounting (`counts`, see
+        beta_ts.BetaTS; default "consistent": r = n_accepted successes out of
+        min(n_accepted + 1, n_drafted) trials), with theta0 as one pseudo-observation:
+        theta_hat = (theta0 + sum r) / (1 + sum trials).
       - "paper": eq. 10 as printed, theta_hat_t = (theta_hat_{t-|Q_v|} (t - |Q_v| + 1) + |Q_v|) / (t + 1)
         with t the output tokens so far and |Q_v| = n_accepted + 1. It counts every output token as a
         success, so theta_hat -> 1 whatever the acceptance; kept for fidelity to the text only.
@@ -113,7 +118,7 @@ class CaliTS(Controller):
 
     def __init__(self, sigma_m: float = 0.2, sigma_s: float = 0.3, theta0: float = 0.5, theta_update: str = "mean",
                  predictor: CaliPredictor | str | Path | None = None, reset_per_sequence: bool = True,
-                 k_max: int = 10, seed: int = 0, **kw):
+                 counts: str = "consistent", k_max: int = 10, seed: int = 0, **kw):
         super().__init__(k_max=k_max, seed=seed, **kw)
         if float(sigma_m) <= 0 or float(sigma_s) <= 0:
             raise SpecBenchError(f"control.sigma_m and control.sigma_s must be > 0, got {sigma_m}, {sigma_s}")
@@ -123,6 +128,9 @@ class CaliTS(Controller):
             raise SpecBenchError(f"unknown control.theta_update {theta_update!r}; allowed: mean, paper")
         self.sigma_m, self.sigma_s, self.theta0 = float(sigma_m), float(sigma_s), float(theta0)
         self.theta_update = theta_update
+        if counts not in COUNTS:
+            raise choice_error("control.counts", counts, COUNTS)
+        self.counts = counts
         self.reset_per_sequence = bool(reset_per_sequence)
         if isinstance(predictor, (str, Path)):
             predictor = CaliPredictor.load(predictor)
@@ -168,8 +176,9 @@ class CaliTS(Controller):
         self.n += 1
         q_v = n_accepted + 1
         if self.theta_update == "mean":
-            self.successes += n_accepted
-            self.trials += min(q_v + 1, n_drafted)
+            r, trials = round_counts(n_drafted, n_accepted, self.counts)
+            self.successes += r
+            self.trials += trials
             self.theta_hat = (self.theta0 + self.successes) / (1 + self.trials)
         else:
             t_prev, self.t = self.t, self.t + q_v

@@ -9,7 +9,8 @@ positions `cache_length + tree.depths` gives every node the logits of a causal f
 own path (tests/test_tree.py checks this).
 
 `space_layout(k)` (SPACE, eqs. 5-7): the interleaved input [x..., M*k, c1, M*k, ..., ck, M*k],
-its attention mask (eq. 6) and position offsets (eq. 7).
+its attention mask (masks see their own group only; see the function for eq. 6's literal
+reading) and position offsets (eq. 7).
 
 Verification: `verify_tree_greedy` (longest path whose tokens equal the target's argmax) and
 `verify_tree_sampling`, lossless multi-candidate rejection sampling (SpecInfer-style with
@@ -183,11 +184,13 @@ def verify_tree_sampling(tree: TokenTree, node_tokens: list[int], logits: torch.
 def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.Tensor, temperature: float,
                         epsilon: float, delta: float) -> tuple[list[int], int]:
     """Medusa typical acceptance (3.3.1), lossy: a node's token is accepted if
-    p(x) > min(epsilon, delta * exp(-H(p))) with p = softmax(logits / T) of its parent (T = 1
-    when decoding greedily); the longest accepted path wins (ties: lower ranks first); the
-    token after it is the target's greedy choice."""
-    t = temperature if temperature > 0 else 1.0
-    p = torch.softmax(logits.double() / t, -1)
+    p(x) > min(epsilon, delta * exp(-H(p))) with p = softmax(logits / T) of its parent; the
+    longest accepted path wins (ties: lower ranks first); the token after it is the target's
+    greedy choice. At T = 0 there is no distribution to be typical of: greedy verification, as
+    in Medusa's reference code (so the output then equals AR's)."""
+    if temperature <= 0:
+        return verify_tree_greedy(tree, node_tokens, logits)
+    p = torch.softmax(logits.double() / temperature, -1)
     ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
     thresh = torch.minimum(torch.full_like(ent, float(epsilon)), float(delta) * torch.exp(-ent))
     ok = [False] * len(tree)
@@ -208,14 +211,22 @@ def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.T
 
 
 # -- SPACE -----------------------------------------------------------------------------------
-def space_layout(k: int, prefix: int = 1) -> tuple[list[tuple[str, int]], torch.Tensor, torch.Tensor]:
+SPACE_MASK_RULES = ("group", "eq6")
+
+
+def space_layout(k: int, prefix: int = 1, rule: str = "group") -> tuple[list[tuple[str, int]], torch.Tensor, torch.Tensor]:
     """SPACE input of eq. 5 after `prefix` real tokens x (in decoding: the pending token):
     [x_1..x_prefix, M*k (group 0), c_1, M*k (group 1), ..., c_k, M*k (group k)].
 
     Returns (layout, mask [q, q] bool, position offsets [q] long). layout[i] is ("x", j) for
     the j-th prefix token, ("c", i) for candidate c_i (1-based) and ("m", g) for a mask token
-    of group g. Mask (eq. 6): i sees j <= i if j is not a mask, or if both are masks less than k
-    apart (the same group). Positions (eq. 7): row sum of the mask minus one."""
+    of group g. Mask: i sees j <= i if j is not a mask, or if both are masks of the same group
+    (the paper's text and Fig. 3). Eq. 6 literally says "masks less than k apart", which equals
+    the group rule only for k <= 2: groups are one candidate apart, so for k >= 3 a mask would
+    also see the previous group's last masks, an input SAR-SFT training never shows the model.
+    rule="eq6" keeps that literal reading (selectable as `method.mask_rule=eq6`).
+    Positions (eq. 7): row sum of the mask minus one, so group g's mask j sits where it sits in
+    the training input [x, c_1..c_g, M*k] (tests/test_space.py checks the logits agree)."""
     layout: list[tuple[str, int]] = [("x", j) for j in range(prefix)]
     layout += [("m", 0)] * k
     for i in range(1, k + 1):
@@ -223,9 +234,15 @@ def space_layout(k: int, prefix: int = 1) -> tuple[list[tuple[str, int]], torch.
         layout += [("m", i)] * k
     q = len(layout)
     is_m = torch.tensor([kind == "m" for kind, _ in layout])
-    ii = torch.arange(q).view(-1, 1)
-    jj = torch.arange(q).view(1, -1)
-    mask = (ii >= jj) & (~is_m.view(1, -1) | (is_m.view(-1, 1) & is_m.view(1, -1) & (ii - jj < k)))
+    group = torch.tensor([g if kind == "m" else -1 for kind, g in layout])
+    same_group = is_m.view(-1, 1) & (group.view(-1, 1) == group.view(1, -1))
+    causal = torch.ones(q, q, dtype=torch.bool).tril()
+    if rule == "eq6":
+        near = torch.arange(q).view(-1, 1) - torch.arange(q).view(1, -1) < k
+        same_group = is_m.view(-1, 1) & is_m.view(1, -1) & near
+    elif rule != "group":
+        raise ValueError(f"unknown SPACE mask rule {rule!r}")
+    mask = causal & (~is_m.view(1, -1) | same_group)
     positions = mask.sum(-1).long() - 1
     return layout, mask, positions
 

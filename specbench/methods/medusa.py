@@ -135,7 +135,7 @@ class Medusa(Method):
         self.acceptance = str(cfg.get("acceptance", "auto"))
         if self.acceptance not in ("auto", "typical"):
             raise SpecBenchError(f"unknown medusa acceptance {self.acceptance!r}; allowed: auto, typical")
-        self.lossless = self.acceptance != "typical"
+        self.lossless = self.acceptance != "typical" or sampling.greedy  # typical at T=0 is greedy
         self.epsilon = float(cfg.get("epsilon", 0.09))
         self.delta = float(cfg.get("delta", 0.3))
         self.mask = self.tree.mask.to(target.device)

@@ -8,8 +8,9 @@ added row (the paper initialises it from a normal distribution; so do we), for e
 (byte tokenizer, GGUF, HF), and the vocabulary and head stay untouched.
 
 Auto-correct decoding (Algorithm 1), one forward per step over
-[pending x, M*k, c1, M*k, ..., ck, M*k] with the eq. 6 mask and eq. 7 positions
-(engine/tree.py `space_layout`): the outputs at x, c1..ck verify the candidates; the k masks of
+[pending x, M*k, c1, M*k, ..., ck, M*k] with the group mask (masks see only their own group,
+the paper's text and Fig. 3; `mask_rule: eq6` for eq. 6's literal "less than k apart") and
+eq. 7 positions (engine/tree.py `space_layout`): the outputs at x, c1..ck verify the candidates; the k masks of
 the group after the last accepted token give the next step's candidates. Prefill runs
 [prompt, M*k] causally (exactly the SAR-SFT training format) so the first step already has
 candidates. Only the accepted real tokens stay in the cache (`KVCache.keep`).
@@ -34,8 +35,8 @@ import torch
 from torch import nn
 
 from specbench.engine.sampling import probs, sample, verify_greedy, verify_sampling
-from specbench.engine.tree import space_indices, space_layout
-from specbench.errors import SpecBenchError
+from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
+from specbench.errors import SpecBenchError, choice_error
 from specbench.methods.base import Method, StepResult, register_method
 from specbench.models import ModelAdapter
 
@@ -116,7 +117,11 @@ class Space(Method):
         self.base_target = target
         self.finetuned_adapter = ft
         self.k = self.info["k"]
-        layout, mask, pos = space_layout(self.k, prefix=1)
+        rule = str(cfg.get("mask_rule", "group"))
+        if rule not in SPACE_MASK_RULES:
+            raise choice_error("method.mask_rule", rule, SPACE_MASK_RULES)
+        self.info["mask_rule"] = rule
+        layout, mask, pos = space_layout(self.k, prefix=1, rule=rule)
         self.layout = layout
         self.mask = mask.to(ft.device)
         self.pos = pos.to(ft.device)

@@ -19,6 +19,7 @@ import random
 import torch
 from torch.nn import functional as F
 
+from specbench.methods.space import MASK
 from specbench.models import ModelAdapter
 from specbench.train.checkpoints import save_checkpoint
 from specbench.train.trainers import _loop, _pad, _pad_id, _settings, _split, _write_log, eval_loss, trainer
@@ -120,10 +121,14 @@ def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
 
 
 # -- SPACE ------------------------------------------------------------------------------------
+def sar_example(row: list[int], lab: list[int], m: int, k: int) -> tuple[list[int], list[int]]:
+    """One SAR-SFT example (eq. 2): the first m tokens, then k masks, all causal with plain
+    positions; mask j predicts lab[m-1+j] = y_(m+j) (or the target's choice)."""
+    return row[:m] + [MASK] * k, lab[:m] + [lab[m - 1 + j] for j in range(1, k + 1)]
+
+
 def sar_batch(ids: torch.Tensor, labels: torch.Tensor, k: int, p_ar: float, rng: random.Random, pad_id: int):
     """Turn an AR batch (from `_pad`) into a SAR-SFT batch (eq. 2-4); mask ids are -1."""
-    from specbench.methods.space import MASK
-
     rows, labs = [], []
     for b in range(ids.shape[0]):
         row, lab = ids[b].tolist(), labels[b].tolist()
@@ -135,9 +140,9 @@ def sar_batch(ids: torch.Tensor, labels: torch.Tensor, k: int, p_ar: float, rng:
             rows.append(row)
             labs.append(lab)
             continue
-        m = rng.choice(cuts)
-        rows.append(row[:m] + [MASK] * k)
-        labs.append(lab[:m] + [lab[m - 1 + j] for j in range(1, k + 1)])  # = y_(m+j) (or the target's choice)
+        r, lab_m = sar_example(row, lab, rng.choice(cuts), k)
+        rows.append(r)
+        labs.append(lab_m)
     width = max(len(r) for r in rows)
     out_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     out_lab = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -147,9 +152,13 @@ def sar_batch(ids: torch.Tensor, labels: torch.Tensor, k: int, p_ar: float, rng:
     return out_ids.to(ids.device), out_lab.to(ids.device)
 
 
+def space_logits(ft: ModelAdapter, mask_embed, ids) -> torch.Tensor:
+    """The training forward: causal, positions 0..T-1, no cache."""
+    return ft.lm_head(ft.norm(ft.run_layers(mask_embed(ft, ids), None)))
+
+
 def space_loss(ft: ModelAdapter, mask_embed, ids, labels) -> torch.Tensor:
-    h = ft.run_layers(mask_embed(ft, ids), None)
-    logits = ft.lm_head(ft.norm(h))
+    logits = space_logits(ft, mask_embed, ids)
     if not (labels != -100).any():  # nothing to learn here (e.g. the answer lies past max_len): no NaN
         return logits.sum() * 0.0, (0, 0)
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)

@@ -190,30 +190,46 @@ def _write_log(path, log, settings) -> None:
 
 
 @torch.no_grad()
+def cali_features(target: ModelAdapter, exit_, seq: list[int]):
+    """Teacher-forced states of one sequence: (target's normed last hidden [T, d], draft's [T, d],
+    target's greedy token [T], draft's greedy token [T]), row p computed from seq[:p+1]."""
+    ids = torch.tensor([seq], device=target.device)
+    n = exit_.n_layers
+    h_n = target.run_layers(target.embed(ids), None, 0, n)
+    d_logits, d_hidden = exit_(target, h_n, None)
+    t_hidden = target.norm(target.run_layers(h_n, None, n))
+    return t_hidden[0], d_hidden[0], target.lm_head(t_hidden).argmax(-1)[0], d_logits.argmax(-1)[0]
+
+
+def cali_pair(feats, t: int, i: int) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """One predictor example, paired as at decode time (EESD eq. 5, `methods/base.py`
+    draft_loop): t is the last verified token, whose target state H^T_t produced the pending
+    token at t+1; draft token i is the draft's output at input position t+i (the pending token
+    for i=1), so its state is H^D_(t+i), a gap of i. Label: that draft token equals the target's
+    token there (on the committed sequence: draft token i is accepted, given 1..i-1 were)."""
+    t_hidden, d_hidden, t_tok, d_tok = feats
+    j = t + i
+    return t_hidden[t], d_hidden[j], i, float(d_tok[j] == t_tok[j])
+
+
+@torch.no_grad()
 def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: int, seed: int):
-    """(H^T_t, H^D_(t+i-1), i, label) where label = the draft's greedy token at t+i-1 equals the
-    target's: the runtime pairing (H^T at the position predicting the first draft token, H^D at
-    the position predicting draft token i) on teacher-forced self-generated text."""
+    """`cali_pair` examples at random (t, i) of each sequence's answer, stacked."""
     rng = random.Random(seed)
     th, dh, ii, lab = [], [], [], []
-    n = exit_.n_layers
     for seq, start, *_ in tqdm(sequences, desc="cali-ts labels", unit="seq"):
-        ids = torch.tensor([seq], device=target.device)
-        h_n = target.run_layers(target.embed(ids), None, 0, n)
-        d_logits, d_hidden = exit_(target, h_n, None)
-        t_hidden = target.norm(target.run_layers(h_n, None, n))
-        t_tok = target.lm_head(t_hidden).argmax(-1)[0]
-        d_tok = d_logits.argmax(-1)[0]
+        feats = cali_features(target, exit_, seq)
         T = len(seq)
         for _ in range(per_seq):
             t = rng.randrange(max(0, start - 1), T - 1)
             i = rng.randint(1, max_i)
-            if t + i - 1 >= T:
+            if t + i >= T:
                 continue
-            th.append(t_hidden[0, t])
-            dh.append(d_hidden[0, t + i - 1])
-            ii.append(i)
-            lab.append(float(d_tok[t + i - 1] == t_tok[t + i - 1]))
+            a, b, c, d = cali_pair(feats, t, i)
+            th.append(a)
+            dh.append(b)
+            ii.append(c)
+            lab.append(d)
     return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
 
 
