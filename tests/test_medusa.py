@@ -47,7 +47,7 @@ def test_greedy_equals_ar_untrained(prompt, sizes):
 
 
 def test_missing_heads_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     with pytest.raises(SpecBenchError, match="python -m specbench.train method=medusa"):
         build("medusa", tiny_model(), method_cfg("medusa"))
 
@@ -67,7 +67,7 @@ def test_sparse_tree_config():
 
 
 def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     target = tiny_model()
     mcfg = {"name": "medusa", "num_heads": 3, "share_head": False, "sizes": [2, 2, 1]}

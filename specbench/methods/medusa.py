@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbench.artifacts import apply_checkpoint, load_checkpoint
 from specbench.engine.sampling import next_token
 from specbench.engine.tree import TokenTree, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 from specbench.errors import SpecBenchError
@@ -76,8 +77,6 @@ class MedusaHeads(nn.Module):
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
-    from specbench.train.checkpoints import apply_checkpoint, load_checkpoint
-
     heads = MedusaHeads(target, int(cfg.get("num_heads", 4)), bool(cfg.get("share_head", False)))
     where = cfg.get("checkpoint", "auto")
     allow = bool(cfg.get("allow_untrained", False))

@@ -35,11 +35,11 @@ paper's max p(x | z*), under sampling the paper uses the max probability instead
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from specbench.artifacts import load_skip_result, safe_key, skip_result_path
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import LayerSkip, ModelAdapter
@@ -78,22 +78,15 @@ def check_layers(kind: str, layers, num_layers: int) -> frozenset[int]:
 
 
 def model_key(target: ModelAdapter) -> str:
-    from specbench.skipsearch import safe_key
-
     return safe_key(getattr(target, "key", None) or target.name)
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPECBENCH_CACHE", "cache")) / "self_sd"
-
-
 def search_path(target: ModelAdapter, cfg) -> Path:
-    """Where `skip.source: search` looks for the search result of this model."""
-    from specbench.skipsearch import result_path
-
+    """Where `skip.source: search` looks for the search result of this model (default: the
+    artifact cache's self_sd/ folder)."""
     if cfg.get("path"):
         return Path(str(cfg.get("path"))).expanduser()
-    return result_path(cfg.get("cache_dir") or default_cache_dir(), model_key(target))
+    return skip_result_path(cfg.get("cache_dir"), model_key(target))
 
 
 def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
@@ -117,8 +110,6 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
     elif source == "heuristic":
         skip = heuristic_skip(n)
     else:
-        from specbench.skipsearch import load_result
-
         path = search_path(target, cfg)
         if not path.is_file():
             raise SpecBenchError(
@@ -126,7 +117,7 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
                 f"`python -m specbench.skipsearch model=<this model> iterations=50` first "
                 "(or use skip.source=heuristic / skip.source=explicit with skip.attn=[..] skip.mlp=[..])"
             )
-        result = load_result(path)
+        result = load_skip_result(path)
         found = result.get("model_key")
         if found is not None and found != model_key(target):
             raise SpecBenchError(

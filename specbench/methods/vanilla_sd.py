@@ -10,6 +10,7 @@ text, and a trained checkpoint is picked up automatically (`draft.checkpoint: au
 
 from __future__ import annotations
 
+from specbench.artifacts import load_draft_checkpoint, trained_summary
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.errors import SpecBenchError
@@ -24,11 +25,9 @@ def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
         info = {"draft": f"first {n} layers of the target", "draft_trained": False}
         ckpt = cfg.get("checkpoint", "auto")
         if ckpt:
-            from specbench.train.checkpoints import load_draft_checkpoint
-
-            path = load_draft_checkpoint(draft, target, n, ckpt)
-            if path:
-                info.update(draft_trained=True, draft_checkpoint=str(path))
+            loaded = load_draft_checkpoint(draft, target, n, ckpt)
+            if loaded:
+                info.update(draft_trained=True, draft_checkpoint=loaded["path"], trained=trained_summary(loaded.get("settings")))
         return draft, info
     if source == "hf":
         from specbench.models import load_hf

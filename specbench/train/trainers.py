@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter, truncated_copy
-from specbench.train.checkpoints import save_checkpoint
+from specbench.artifacts import save_checkpoint
 
 TRAINERS = {}
 
@@ -90,6 +90,9 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
             if stopped == "time":
                 break
     bar.close()
+    if step == 0:  # never cache an untrained part as trained
+        raise SpecBenchError(f"training {name} ran zero steps ({len(sequences)} training sequences, "
+                             f"train.epochs={tcfg.epochs}, train.max_minutes={tcfg.max_minutes}); no checkpoint written")
     return log, stopped
 
 
@@ -214,6 +217,8 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
             dh.append(d_hidden[0, t + i - 1])
             ii.append(i)
             lab.append(float(d_tok[t + i - 1] == t_tok[t + i - 1]))
+    if not th:
+        raise SpecBenchError(f"no Cali-TS training pairs from {len(sequences)} sequences (too short?); no checkpoint written")
     return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
 
 
@@ -232,7 +237,7 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
         p = pred(hx[0], hx[1], hx[2])
         acc = float(((p > 0.5).float() == hx[3]).float().mean())
         base = float(hx[3].mean())
-    settings = {"max_i": int(ccfg.max_i), "examples": len(ex[3]), "positive_rate": float(ex[3].mean()),
+    settings = {"max_i": int(ccfg.max_i), "examples": len(ex[3]), "steps": len(losses), "train_sequences": len(train), "positive_rate": float(ex[3].mean()),
                 "losses": losses, "held_out_accuracy": acc, "held_out_positive_rate": base}
     path = save_checkpoint("cali", target.key, exit_.structure(), pred.state_dict(), settings)
     print(f"cali-ts predictor: {len(ex[3])} examples, held-out accuracy {acc:.3f} (majority baseline {max(base, 1 - base):.3f}); {path}")
