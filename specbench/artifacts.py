@@ -141,6 +141,15 @@ def read_checkpoint(path: Path, hint: str) -> dict:
     return meta | {"state": _unflatten(flat)}
 
 
+def checkpoint_meta(path: Path) -> dict:
+    """The metadata of a checkpoint without reading its tensors (empty if unreadable)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return json.loads((f.metadata() or {})["specbench"])
+    except Exception:  # noqa: BLE001 - only used for messages; loading reports damage properly
+        return {}
+
+
 def load_checkpoint(kind: str, model_key: str, structure: dict, where="auto", required: bool = True,
                     model_name: str = "") -> dict | None:
     """`where`: "auto" (the cache), a path, or None (no checkpoint)."""

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
+from specbench.firstuse import ensure_trained
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
@@ -295,6 +296,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     samples = task.load()
     run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)))
     target = target or load_model(cfg.model)
+    ensure_trained(cfg, target)  # a missing trained part of a small model: train it once, now
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     ctx = {"control": cfg.get("control"), "cfg": cfg}
     method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)

@@ -93,17 +93,19 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
 
 
 def build_tree(cfg, num_heads: int, settings: dict | None) -> TokenTree:
+    """Precedence: an explicit `tree`, explicit `sizes` (dense), `tree_from_accuracies` (the
+    paper's default: a sparse tree from the trained heads' accuracies), else sizes [2, 2, 1, 1]."""
     n_acc = cfg.get("tree_from_accuracies")
-    if n_acc:
+    if cfg.get("tree") is not None:
+        tree = TokenTree.from_paths([list(p) for p in cfg.tree])
+    elif cfg.get("sizes") is not None or not n_acc:
+        tree = TokenTree.cartesian(list(cfg.get("sizes") or [2, 2, 1, 1]))
+    else:
         acc = (settings or {}).get("head_accuracy")
         if not acc:
             raise SpecBenchError("medusa tree_from_accuracies needs trained heads (their checkpoint stores the per-head "
                                  "accuracies); train them or give method.tree / method.sizes")
         tree = TokenTree.from_accuracies(acc[:num_heads], int(n_acc))
-    elif cfg.get("tree") is not None:
-        tree = TokenTree.from_paths([list(p) for p in cfg.tree])
-    else:
-        tree = TokenTree.cartesian(list(cfg.get("sizes", [2, 2, 1, 1])))
     if tree.max_depth > num_heads:
         raise SpecBenchError(f"medusa tree depth {tree.max_depth} exceeds num_heads={num_heads}")
     return tree

@@ -25,7 +25,8 @@ Skip set (`method.skip`):
 * `source: search`: the result of `python -m specbench.skipsearch` (Bayesian optimisation, paper
   section 3.3) stored at `<cache_dir>/<model key>.json` (or `skip.path`);
 * `source: heuristic`: a fixed rule for when no search was run (see `heuristic_skip`);
-* `source: auto` (default): explicit when either list is non-empty, else heuristic.
+* `source: auto` (default): explicit when either list is non-empty, else the searched set when a search
+  result is cached (on small models the runner searches on first use), else heuristic.
 
 The draft-exit rule is whichever controller `control=` names; the paper's own is
 `control=adaptive_threshold` (section 3.4). The confidence the controllers see is the draft's
@@ -97,8 +98,8 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
         raise SpecBenchError(f"unknown skip.source {source!r}; allowed: {', '.join(SOURCES)}")
     attn, mlp = list(cfg.get("attn") or []), list(cfg.get("mlp") or [])
     n = target.num_layers
-    if source == "auto":
-        source = "explicit" if attn or mlp else "heuristic"
+    if source == "auto":  # the paper's method is the searched skip set; the heuristic only stands in for it
+        source = "explicit" if attn or mlp else "search" if search_path(target, cfg).is_file() else "heuristic"
     elif source != "explicit" and (attn or mlp):
         raise SpecBenchError(
             f"skip.attn/skip.mlp are only used with skip.source=explicit (or auto), not {source!r}; "

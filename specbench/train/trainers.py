@@ -67,7 +67,7 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
     opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
     rng = random.Random(int(tcfg.seed))
     deadline = time.monotonic() + 60 * float(tcfg.max_minutes)
-    log, step = [], 0
+    log, step, labelled = [], 0, 0
     total = int(tcfg.epochs) * ((len(sequences) + int(tcfg.batch_size) - 1) // int(tcfg.batch_size))
     bar = tqdm(total=total, desc=f"train {name}", unit="batch")
     stopped = "epochs"
@@ -78,7 +78,8 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
                     stopped = "time"
                     break
                 ids, labels = _pad(batch, int(tcfg.max_len), pad_id, device)
-                loss, _ = loss_fn(ids, labels)
+                loss, (_, counted) = loss_fn(ids, labels)
+                labelled += counted
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -90,9 +91,10 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
             if stopped == "time":
                 break
     bar.close()
-    if step == 0:  # never cache an untrained part as trained
-        raise SpecBenchError(f"training {name} ran zero steps ({len(sequences)} training sequences, "
-                             f"train.epochs={tcfg.epochs}, train.max_minutes={tcfg.max_minutes}); no checkpoint written")
+    if step == 0 or labelled == 0:  # never cache an untrained part as trained
+        raise SpecBenchError(f"training {name} ran {step} steps over {labelled} labelled tokens ({len(sequences)} training "
+                             f"sequences, train.epochs={tcfg.epochs}, train.max_minutes={tcfg.max_minutes}, "
+                             f"train.max_len={tcfg.max_len}: answers past max_len carry no label); no checkpoint written")
     return log, stopped
 
 
