@@ -26,6 +26,7 @@ from specbench.artifacts import checkpoint_meta, checkpoint_path, skip_result_pa
 from specbench.errors import SpecBenchError
 from specbench.methods.self_sd import model_key
 from specbench.methods.space import space_structure
+from specbench.methods.vanilla_sd import draft_num_layers
 from specbench.skipsearch import gsm8k_train_prompts, save_result, search_skip_set
 from specbench.train.session import train_model
 
@@ -82,7 +83,8 @@ def draft_parts(cfg, target):
     d = cfg.method.get("draft") or {}
     if d.get("source", "truncate") != "truncate" or cfg.method.get("mode", "assistant") != "assistant":
         return []
-    return checkpoint_part("the distilled vanilla-SD draft", "vanilla_draft", lambda m: {"n_layers": int(m.draft.num_layers)},
+    n = draft_num_layers(d, target)
+    return checkpoint_part("the distilled vanilla-SD draft", "vanilla_draft", lambda m: {"n_layers": n},
                            "vanilla_sd", "draft.checkpoint")(cfg, target)
 
 

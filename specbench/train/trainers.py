@@ -22,6 +22,7 @@ from tqdm import tqdm
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.artifacts import save_checkpoint
+from specbench.methods.vanilla_sd import draft_num_layers
 
 TRAINERS = {}
 
@@ -249,7 +250,7 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
 @trainer("vanilla_sd")
 def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
     dcfg, tcfg = cfg.method.draft, cfg.train
-    n = int(dcfg.num_layers)
+    n = draft_num_layers(dcfg, target)
     draft = truncated_copy(target, n)
     # embeddings and head stay frozen (tied, the target's): the layers and final norm learn
     trainable = [p for name, p in draft.model.named_parameters() if ".layers." in name or name.endswith("norm.weight")]
