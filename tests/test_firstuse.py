@@ -13,22 +13,24 @@ from hydra import compose, initialize_config_dir
 
 import specbench.runner as runner
 from helpers import CONF
-from specbench import artifacts
+from specbench import artifacts, firstuse
 from specbench.errors import SpecBenchError
+from specbench.models import load_model
 
 # a tiny first-use budget: seconds on the tiny model
 TINY_BUDGET = [
-    "train.first_use.train.data.num_prompts=3", "train.first_use.train.data.num_original=6",
-    "train.first_use.train.data.max_new_tokens=12", "train.first_use.train.data.batch_size=3",
+    "train.first_use.train.data.num_prompts=3", "train.first_use.train.data.num_original=2",
+    "train.first_use.train.data.max_new_tokens=8", "train.first_use.train.data.batch_size=3",
     "train.first_use.train.epochs=1", "train.first_use.train.batch_size=3", "train.first_use.train.max_len=1024",
     "train.first_use.train.eval_fraction=0.3", "train.first_use.train.cali_predictor.pairs_per_sequence=4",
     "train.first_use.train.cali_predictor.epochs=1", "train.first_use.skip_search.iterations=2",
     "train.first_use.skip_search.num_prompts=1", "train.first_use.skip_search.max_new_tokens=8",
 ]
-METHODS = ["ar", "vanilla_sd", "pld", "hf_assisted", "self_sd", "eesd", "medusa", "space"]
+METHODS = ["ar", "hf_assisted", "vanilla_sd", "pld",  # hf_assisted first: vanilla_sd trains the same draft
+           "self_sd", "eesd", "medusa", "space"]
 TASKS = ["gsm8k", "xsum", "humaneval", "mt_bench", "jsonl"]
 TRAINED = {  # method -> describe() key saying its trained part was loaded
-    "vanilla_sd": "draft_trained", "hf_assisted": None, "eesd": "exit_trained", "medusa": "heads_trained",
+    "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained",
     "space": "space_trained",
 }
 
@@ -41,30 +43,36 @@ def cfg_for(tmp_path, data_dir, *extra):
         return compose("config", overrides=overrides)
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache for the runs below: empty at the first; the self-distillation data generated
+    there is reused, but every method still trains its own part on first use."""
+    return tmp_path_factory.mktemp("shared-cache")
+
+
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_runs_from_an_empty_cache(method, tmp_path, data_dir):
-    """`method=X task=gsm8k task.num_samples=2` on a fresh cache: trains what is missing, then runs
+def test_every_method_runs_from_an_empty_cache(method, tmp_path, data_dir, shared_cache, monkeypatch):
+    """`method=X task=gsm8k task.num_samples=2` with X's trained part missing: trains it, then runs
     losslessly with the trained part (not an untrained stand-in)."""
-    assert not any(artifacts.cache_dir().iterdir())
-    s = runner.run(cfg_for(tmp_path, data_dir, f"method={method}", "task=gsm8k"))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(shared_cache))
+    cfg = cfg_for(tmp_path, data_dir, f"method={method}", "task=gsm8k")
+    target = load_model(cfg.model)
+    assert bool(firstuse.missing_parts(cfg, target)) == (method not in ("ar", "pld"))
+    s = runner.run(cfg, target)
+    assert not firstuse.missing_parts(cfg, target)
     assert s["samples"] == 2 and s["matches_ar"] == 2
     settings = s["meta"]["method_settings"]
     if TRAINED.get(method):
         assert settings[TRAINED[method]] is True
     if method == "self_sd":
         assert settings["skip_source"] == "search"
-    if method in ("eesd",):
+    if method == "eesd":
         assert settings.get("cali_predictor")  # Cali-TS (the paper default) got its trained predictor
-
-
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("shared-cache")
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_every_task_runs_with_first_use_training(task, tmp_path, data_dir, shared_cache, monkeypatch):
-    """EESD (trained once, on the first task, in a cache shared by these cases) on every task."""
+    """EESD (trained on first use, once, in the cache shared with the cases above) on every task."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(shared_cache))
     extra = []
     if task == "jsonl":
