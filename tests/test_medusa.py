@@ -84,7 +84,7 @@ def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypat
     assert out_a.tokens == b.generate(prompt, 20, frozenset(), 0).tokens
     assert out_a.tokens == ar_tokens(target, prompt, 20)
     # the accuracies feed a sparse tree
-    c = build("medusa", target, OmegaConf.create(mcfg | {"tree_from_accuracies": 5}))
+    c = build("medusa", target, OmegaConf.create(mcfg | {"tree_from_accuracies": 5, "sizes": None}))
     assert len(c.tree) == 6
     assert c.generate(prompt, 20, frozenset(), 0).tokens == out_a.tokens
 

@@ -93,19 +93,23 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
 
 
 def build_tree(cfg, num_heads: int, settings: dict | None) -> TokenTree:
-    """Precedence: an explicit `tree`, explicit `sizes` (dense), `tree_from_accuracies` (the
-    paper's default: a sparse tree from the trained heads' accuracies), else sizes [2, 2, 1, 1]."""
-    n_acc = cfg.get("tree_from_accuracies")
-    if cfg.get("tree") is not None:
-        tree = TokenTree.from_paths([list(p) for p in cfg.tree])
-    elif cfg.get("sizes") is not None or not n_acc:
-        tree = TokenTree.cartesian(list(cfg.get("sizes") or [2, 2, 1, 1]))
-    else:
+    """An explicit `tree`, dense `sizes`, or `tree_from_accuracies` (the paper's default: a sparse
+    tree from the trained heads' accuracies); giving more than one is an error, none: [2, 2, 1, 1]."""
+    n_acc, paths, sizes = cfg.get("tree_from_accuracies"), cfg.get("tree"), cfg.get("sizes")
+    given = [k for k, v in (("tree_from_accuracies", n_acc), ("tree", paths), ("sizes", sizes)) if v]
+    if len(given) > 1:
+        raise SpecBenchError(f"medusa: set only one of method.{', method.'.join(given)} (the others =null); "
+                             "the default is tree_from_accuracies (the paper's sparse tree)")
+    if paths:
+        tree = TokenTree.from_paths([list(p) for p in paths])
+    elif n_acc:
         acc = (settings or {}).get("head_accuracy")
         if not acc:
             raise SpecBenchError("medusa tree_from_accuracies needs trained heads (their checkpoint stores the per-head "
                                  "accuracies); train them or give method.tree / method.sizes")
         tree = TokenTree.from_accuracies(acc[:num_heads], int(n_acc))
+    else:
+        tree = TokenTree.cartesian(list(sizes or [2, 2, 1, 1]))
     if tree.max_depth > num_heads:
         raise SpecBenchError(f"medusa tree depth {tree.max_depth} exceeds num_heads={num_heads}")
     return tree
