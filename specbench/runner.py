@@ -22,6 +22,7 @@ from specbench.config import validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
 from specbench.errors import SpecBenchError
+from specbench.firstuse import ensure_trained
 from specbench.interference import StepHistory, run_checked
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
@@ -139,6 +140,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     task = build_task(cfg.task)
     samples = task.load()
     target = target or load_model(cfg.model)
+    ensure_trained(cfg, target)  # a missing trained part of a small model: train it once, now
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     ctx = {"control": cfg.get("control"), "cfg": cfg}
     method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from specbench.config import check_choices, compose, fail, validate
+from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
 from specbench.errors import SpecBenchError
 
 FORMAT = "specbench-self_sd-skipsearch/1"
@@ -58,37 +59,16 @@ SEARCH_KEYS = {
 }
 
 
-def safe_key(key: str) -> str:
-    """A model key usable as a file name."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", str(key))
-
-
 def result_path(cache_dir, model_key: str) -> Path:
-    return Path(str(cache_dir)).expanduser() / f"{safe_key(model_key)}.json"
+    return skip_result_path(cache_dir, model_key)
 
 
 # -- result file -----------------------------------------------------------------------------
 def save_result(result: dict, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
-    return path
+    return write_json(Path(path), result)
 
 
-def load_result(path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise SpecBenchError(f"skip-search result not found: {path}")
-    try:
-        result = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SpecBenchError(f"skip-search result {path} is not valid JSON ({e.msg})") from None
-    skip = result.get("skip") if isinstance(result, dict) else None
-    if not isinstance(skip, dict) or not isinstance(skip.get("attn"), list) or not isinstance(skip.get("mlp"), list):
-        raise SpecBenchError(f"skip-search result {path} has no skip.attn / skip.mlp lists")
-    return result
+load_result = load_skip_result
 
 
 # -- the search ------------------------------------------------------------------------------
@@ -305,9 +285,9 @@ def main(argv: list[str] | None = None) -> dict:
         target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], k=opts["k"],
         seed=opts["seed"], sampler=str(opts["sampler"]), progress=bool(opts["progress"]), prompt_ids=ids,
     )
-    from specbench.methods.self_sd import default_cache_dir, model_key
+    from specbench.methods.self_sd import model_key
 
-    out = opts["out"] or result_path(cfg.method.skip.get("cache_dir") or default_cache_dir(), model_key(target))
+    out = opts["out"] or result_path(cfg.method.skip.get("cache_dir"), model_key(target))
     path = save_result(result, out)
     ar, best = result["ar_objective"], result["objective"]
     print(

@@ -17,3 +17,9 @@ def data_dir() -> Path:
     if not d.is_dir():
         pytest.fail(f"evaluation data not found at {d}; set SPECBENCH_DATA_DIR")
     return d
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache)."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

@@ -52,8 +52,9 @@ def test_eesd_greedy_equals_ar(n_layers, ctrl, prompt, max_new, seed):
     m = eesd(target, n_layers, ctrl)
     got = m.generate(prompt, max_new, eos, seed)
     assert got.tokens == want
-    # every cache is back at the committed length (the last token stays pending)
-    committed = len(prompt) + len(got.tokens) - 1
+    # every cache is back at the committed length (the last token stays pending); a step that
+    # ran into EOS committed its tokens past it, which generate() then cut from the output
+    committed = len(m.tokens) - 1
     assert all(n <= committed for n in m.cache.lengths)
 
 
@@ -93,7 +94,7 @@ def test_bad_n_layers():
 
 
 def test_missing_checkpoint_says_how_to_train(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     with pytest.raises(SpecBenchError, match="python -m specbench.train method=eesd"):
         eesd(tiny_model(), 2, CONTROLS[0], allow_untrained=False, checkpoint="auto")
 
@@ -108,7 +109,7 @@ def _cfg(method: str, overrides: list[str]):
 
 
 def test_training_lowers_loss_and_checkpoint_reloads_identically(tmp_path, monkeypatch, data_dir):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
     from specbench.train.__main__ import train
 
@@ -129,15 +130,15 @@ def test_training_lowers_loss_and_checkpoint_reloads_identically(tmp_path, monke
         assert torch.equal(a, b)
 
     # a checkpoint trained for another structure is refused, not loaded
-    from specbench.train.checkpoints import load_checkpoint
+    from specbench.artifacts import load_checkpoint
 
-    path = next((tmp_path / "eesd").glob("*.pt"))
+    path = next((tmp_path / "eesd").glob("*.safetensors"))
     with pytest.raises(SpecBenchError, match="was trained for"):
         load_checkpoint("eesd", target.key, {"n_layers": 3, "head": "shared"}, path)
 
 
 def test_vanilla_draft_distillation_is_picked_up(tmp_path, monkeypatch, data_dir):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
     from specbench.train.__main__ import train
 

@@ -20,6 +20,7 @@ K_MAX = 4
 TINY = {
     "vanilla_sd": {"draft": {"num_layers": 1, "checkpoint": None}},
     "hf_assisted": {"k": K_MAX, "draft": {"num_layers": 1, "checkpoint": None}},
+    "medusa": {"tree_from_accuracies": None, "sizes": [2, 2, 1, 1]},  # untrained heads have no accuracies
 }
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]  # the second repeats: lookup hits
 CASES = [(m, c) for m in sorted(METHODS)
@@ -40,7 +41,7 @@ def control_config(name: str) -> dict:
 
 @pytest.mark.parametrize("method, controller", CASES, ids=[f"{m}-{c}" if c else m for m, c in CASES])
 def test_greedy_equals_ar(method, controller, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))  # no trained parts from a local cache
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))  # no trained parts from a local cache
     target = tiny_model()
     m = build(method, target, method_config(method), ctrl=control_config(controller) if controller else None)
     if controller:

@@ -218,7 +218,7 @@ def test_refit_uses_verify_times_per_k():
 
 
 def test_calibrate_saves_costs_and_judges_quietness(tmp_path, monkeypatch, fake_time, capsys):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     args = ["--repeats", "3", "model=tiny-llama", "method=pld", "threads=1", "profile.ks=[1,2,4]", "profile.context=16"]
     calibrate_main(args)
     out = capsys.readouterr().out

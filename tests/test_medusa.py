@@ -47,7 +47,7 @@ def test_greedy_equals_ar_untrained(prompt, sizes):
 
 
 def test_missing_heads_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     with pytest.raises(SpecBenchError, match="python -m specbench.train method=medusa"):
         build("medusa", tiny_model(), method_cfg("medusa"))
 
@@ -70,7 +70,7 @@ def test_sparse_tree_config():
 
 
 def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     target = tiny_model()
     mcfg = {"name": "medusa", "num_heads": 3, "share_head": False, "sizes": [2, 2, 1]}
@@ -87,7 +87,7 @@ def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypat
     assert out_a.tokens == b.generate(prompt, 20, frozenset(), 0).tokens
     assert out_a.tokens == ar_tokens(target, prompt, 20)
     # the accuracies feed a sparse tree
-    c = build("medusa", target, OmegaConf.create(mcfg | {"tree_from_accuracies": 5}))
+    c = build("medusa", target, OmegaConf.create(mcfg | {"tree_from_accuracies": 5, "sizes": None}))
     assert len(c.tree) == 6
     assert c.generate(prompt, 20, frozenset(), 0).tokens == out_a.tokens
 

@@ -44,7 +44,7 @@ def write_medusa(d, state, k=3, layers=1, fmt="pt", config=None):
 
 
 def medusa(d, **kw):
-    cfg = OmegaConf.create({"name": "medusa", "num_heads": 4, "sizes": [2, 2, 1, 1], "checkpoint": str(d), "tree": None} | kw)
+    cfg = OmegaConf.create({"name": "medusa", "num_heads": 4, "sizes": None, "checkpoint": str(d), "tree": None} | kw)
     return build("medusa", tiny_model(), cfg)
 
 

@@ -30,7 +30,7 @@ def test_greedy_equals_ar_untrained(prompt, k):
 
 
 def test_missing_checkpoint_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     with pytest.raises(SpecBenchError, match="python -m specbench.train method=space"):
         build("space", tiny_model(), method_cfg("space"))
 
@@ -48,7 +48,7 @@ def test_sar_batch_layout():
 
 
 def test_train_lowers_loss_reload_identical_greedy_equal(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     target = tiny_model()
     before_w = target.lm_head.weight.clone()
@@ -68,7 +68,7 @@ def test_train_lowers_loss_reload_identical_greedy_equal(tmp_path, monkeypatch):
 
 
 def test_lora_option_trains(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = tiny_model()
     mcfg = {"name": "space", "k": 2, "p_ar": 0.5, "lora": True, "lora_r": 4, "lora_alpha": 8, "lr": 1e-2}
     res = TRAINERS["space"](target, train_cfg(mcfg, epochs=2), tiny_sequences(8))

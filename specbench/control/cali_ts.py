@@ -79,9 +79,14 @@ class CaliPredictor(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "CaliPredictor":
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        model = cls(ckpt["d"], ckpt["max_i"])
-        model.load_state_dict(ckpt["state_dict"])
+        try:  # weights_only: a crafted file cannot run code; a damaged one is a one-line error
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+            model = cls(ckpt["d"], ckpt["max_i"])
+            model.load_state_dict(ckpt["state_dict"])
+        except Exception as e:  # noqa: BLE001
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+            raise SpecBenchError(f"Cali-TS predictor {path} is damaged or not a CaliPredictor.save file ({reason}); "
+                                 "re-create it with `python -m specbench.train method=eesd`") from None
         return model.eval()
 
 

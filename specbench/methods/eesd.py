@@ -25,6 +25,8 @@ import copy
 import torch
 from torch import nn
 
+from specbench.artifacts import apply_checkpoint, load_checkpoint
+from specbench.control.cali_ts import CaliPredictor
 from specbench.engine.cache import KVCache
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
@@ -69,8 +71,6 @@ class EarlyExit(nn.Module):
 
 
 def load_early_exit(target: ModelAdapter, cfg) -> tuple[EarlyExit, dict]:
-    from specbench.train.checkpoints import apply_checkpoint, load_checkpoint
-
     exit_ = EarlyExit(target, int(cfg.get("n_layers", 2)), cfg.get("head", "shared"))
     where = cfg.get("checkpoint", "auto")
     ckpt = load_checkpoint("eesd", target.key, exit_.structure(), where, required=not cfg.get("allow_untrained", False),
@@ -92,9 +92,6 @@ class EESD(SpeculativeMethod):
         # Cali-TS: attach the predictor trained with this early-exit layer, if any
         control = (self.ctx or {}).get("control") or {}
         if control.get("name") == "cali_ts" and control.get("predictor") in (None, "auto"):
-            from specbench.train.checkpoints import load_checkpoint
-            from specbench.control.cali_ts import CaliPredictor
-
             ckpt = load_checkpoint("cali", self.target.key, self.exit.structure(), "auto", required=False)
             if ckpt is None:
                 return {"predictor": None}

@@ -61,4 +61,4 @@ class HFAssisted(Method):
         with self.timer.phase("hf_generate"), torch.no_grad():
             out = self.target.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         times = self.timer.stop()
-        return Generation(out[0, len(prompt) :].tolist(), [], times)
+        return Generation(out[0, len(prompt) :].tolist(), times=times)

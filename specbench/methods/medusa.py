@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbench.artifacts import apply_checkpoint, load_checkpoint
 from specbench.engine.sampling import next_token
 from specbench.engine.tree import TokenTree, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 from specbench.errors import SpecBenchError
@@ -76,8 +77,6 @@ class MedusaHeads(nn.Module):
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
-    from specbench.train.checkpoints import apply_checkpoint, load_checkpoint
-
     if published.is_medusa_checkpoint(cfg.get("checkpoint")):  # the Medusa authors' format (models/published.py)
         heads, info = published.load_medusa_heads(str(cfg.checkpoint), target.hidden_size, target.vocab_size, target.dtype)
         return apply_checkpoint(heads, None, target, info), info
@@ -97,21 +96,35 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
 
 
 def build_tree(cfg, num_heads: int, settings: dict | None, published_tree: list | None = None) -> TokenTree:
-    n_acc = cfg.get("tree_from_accuracies")
-    if n_acc:
+    """An explicit `tree` (paths, a JSON file of paths or the name of a tree in an installed Medusa),
+    dense `sizes`, or `tree_from_accuracies` (the paper's default: a sparse tree from the trained
+    heads' accuracies); giving more than one is an error. `published_tree`: the tree that goes
+    with published heads (they store no accuracies), used unless a tree is given."""
+    n_acc, paths, sizes = cfg.get("tree_from_accuracies"), cfg.get("tree"), cfg.get("sizes")
+    if published_tree is not None and not paths:
+        return _checked(TokenTree.from_paths(published_tree), num_heads)
+    given = [k for k, v in (("tree_from_accuracies", n_acc), ("tree", paths), ("sizes", sizes)) if v]
+    if len(given) > 1:
+        raise SpecBenchError(f"medusa: set only one of method.{', method.'.join(given)} (the others =null); "
+                             "the default is tree_from_accuracies (the paper's sparse tree)")
+    if isinstance(paths, str):
+        tree = TokenTree.from_paths(published.medusa_tree(paths))
+    elif paths:
+        tree = TokenTree.from_paths([list(p) for p in paths])
+    elif sizes:
+        tree = TokenTree.cartesian(list(sizes))
+    elif n_acc:
         acc = (settings or {}).get("head_accuracy")
         if not acc:
             raise SpecBenchError("medusa tree_from_accuracies needs trained heads (their checkpoint stores the per-head "
                                  "accuracies); train them or give method.tree / method.sizes")
         tree = TokenTree.from_accuracies(acc[:num_heads], int(n_acc))
-    elif isinstance(cfg.get("tree"), str):  # a tree of Medusa's by name, or a JSON file of paths
-        tree = TokenTree.from_paths(published.medusa_tree(cfg.tree))
-    elif cfg.get("tree") is not None:
-        tree = TokenTree.from_paths([list(p) for p in cfg.tree])
-    elif published_tree is not None:
-        tree = TokenTree.from_paths(published_tree)
     else:
-        tree = TokenTree.cartesian(list(cfg.get("sizes", [2, 2, 1, 1])))
+        tree = TokenTree.cartesian([2, 2, 1, 1])
+    return _checked(tree, num_heads)
+
+
+def _checked(tree: TokenTree, num_heads: int) -> TokenTree:
     if tree.max_depth > num_heads:
         raise SpecBenchError(f"medusa tree depth {tree.max_depth} exceeds num_heads={num_heads}")
     return tree
@@ -126,11 +139,14 @@ class Medusa(Method):
         super().__init__(target, cfg, sampling, ctx)
         self.heads, self.info = load_heads(target, cfg)
         default_tree = None
-        if self.info.get("published") and cfg.get("tree") is None and not cfg.get("tree_from_accuracies"):
-            # published heads: decode with the authors' tree, as their medusa_generate does
+        if self.info.get("published") and not cfg.get("tree"):
+            # published heads store no accuracies: decode with the authors' tree, as their medusa_generate
+            # does, else the dense `sizes` tree
             default_tree, self.info["tree_source"] = published.default_medusa_tree()
             if default_tree is None:
-                self.info["tree_source"] += f"; dense tree sizes={list(cfg.get('sizes', [2, 2, 1, 1]))}"
+                sizes = list(cfg.get("sizes") or [2, 2, 1, 1])
+                default_tree = TokenTree.cartesian(sizes).paths[1:]
+                self.info["tree_source"] += f"; dense tree sizes={sizes}"
         self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"), default_tree)
         self.acceptance = str(cfg.get("acceptance", "auto"))
         if self.acceptance not in ("auto", "typical"):

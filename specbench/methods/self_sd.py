@@ -25,7 +25,8 @@ Skip set (`method.skip`):
 * `source: search`: the result of `python -m specbench.skipsearch` (Bayesian optimisation, paper
   section 3.3) stored at `<cache_dir>/<model key>.json` (or `skip.path`);
 * `source: heuristic`: a fixed rule for when no search was run (see `heuristic_skip`);
-* `source: auto` (default): explicit when either list is non-empty, else heuristic.
+* `source: auto` (default): explicit when either list is non-empty, else the searched set when a search
+  result is cached (on small models the runner searches on first use), else heuristic.
 
 The draft-exit rule is whichever controller `control=` names; the paper's own is
 `control=adaptive_threshold` (section 3.4). The confidence the controllers see is the draft's
@@ -35,11 +36,11 @@ paper's max p(x | z*), under sampling the paper uses the max probability instead
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from specbench.artifacts import load_skip_result, safe_key, skip_result_path
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import LayerSkip, ModelAdapter, published
@@ -78,22 +79,15 @@ def check_layers(kind: str, layers, num_layers: int) -> frozenset[int]:
 
 
 def model_key(target: ModelAdapter) -> str:
-    from specbench.skipsearch import safe_key
-
     return safe_key(getattr(target, "key", None) or target.name)
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPECBENCH_CACHE", "cache")) / "self_sd"
-
-
 def search_path(target: ModelAdapter, cfg) -> Path:
-    """Where `skip.source: search` looks for the search result of this model."""
-    from specbench.skipsearch import result_path
-
+    """Where `skip.source: search` looks for the search result of this model (default: the
+    artifact cache's self_sd/ folder)."""
     if cfg.get("path"):
         return Path(str(cfg.get("path"))).expanduser()
-    return result_path(cfg.get("cache_dir") or default_cache_dir(), model_key(target))
+    return skip_result_path(cfg.get("cache_dir"), model_key(target))
 
 
 def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
@@ -106,8 +100,8 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
         return _published_skip(Path(str(source)).expanduser(), cfg, n, bool(attn or mlp))
     if source not in SOURCES:
         raise SpecBenchError(f"unknown skip.source {source!r}; allowed: {', '.join(SOURCES)} or a skip-set file (.json)")
-    if source == "auto":
-        source = "explicit" if attn or mlp else "heuristic"
+    if source == "auto":  # the paper's method is the searched skip set; the heuristic only stands in for it
+        source = "explicit" if attn or mlp else "search" if search_path(target, cfg).is_file() else "heuristic"
     elif source != "explicit" and (attn or mlp):
         raise SpecBenchError(
             f"skip.attn/skip.mlp are only used with skip.source=explicit (or auto), not {source!r}; "
@@ -119,8 +113,6 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
     elif source == "heuristic":
         skip = heuristic_skip(n)
     else:
-        from specbench.skipsearch import load_result
-
         path = search_path(target, cfg)
         if not path.is_file():
             raise SpecBenchError(
@@ -128,7 +120,7 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
                 f"`python -m specbench.skipsearch model=<this model> iterations=50` first "
                 "(or use skip.source=heuristic / skip.source=explicit with skip.attn=[..] skip.mlp=[..])"
             )
-        result = load_result(path)
+        result = load_skip_result(path)
         found = result.get("model_key")
         if found is not None and found != model_key(target):
             raise SpecBenchError(

@@ -34,6 +34,7 @@ import json
 import torch
 from torch import nn
 
+from specbench.artifacts import load_checkpoint, trained_summary
 from specbench.engine.sampling import probs, sample, verify_greedy, verify_sampling
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
 from specbench.errors import SpecBenchError, choice_error
@@ -77,8 +78,6 @@ def finetuned_copy(target: ModelAdapter, suffix: str, structure: dict) -> ModelA
 
 
 def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, dict]:
-    from specbench.train.checkpoints import load_checkpoint
-
     structure = space_structure(cfg)
     where = cfg.get("checkpoint", "auto")
     allow = bool(cfg.get("allow_untrained", False))
@@ -97,6 +96,7 @@ def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, di
         mask.vector.data.copy_(ckpt["state"]["mask_embedding"].to(mask.vector.dtype))
         info["checkpoint"] = ckpt["path"]
         info["train_settings"] = ckpt.get("settings")
+        info["trained"] = trained_summary(ckpt.get("settings"))
     ft.model.to(device=target.device, dtype=target.dtype).eval()
     for p in ft.model.parameters():
         p.requires_grad_(False)

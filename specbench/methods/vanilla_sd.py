@@ -10,25 +10,30 @@ text, and a trained checkpoint is picked up automatically (`draft.checkpoint: au
 
 from __future__ import annotations
 
+from specbench.artifacts import load_draft_checkpoint, trained_summary
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.errors import SpecBenchError
+
+
+def draft_num_layers(cfg, target: ModelAdapter) -> int:
+    """`num_layers: auto`: 4, or one fewer than the target has when it has 4 or fewer."""
+    n = cfg.get("num_layers", "auto")
+    return min(4, target.num_layers - 1) if n in (None, "auto") else int(n)
 
 
 def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
     """The draft model named by `cfg` (the method's `draft` group) and a description of it."""
     source = cfg.get("source", "truncate")
     if source == "truncate":
-        n = int(cfg.get("num_layers", 4))
+        n = draft_num_layers(cfg, target)
         draft = truncated_copy(target, n)
         info = {"draft": f"first {n} layers of the target", "draft_trained": False}
         ckpt = cfg.get("checkpoint", "auto")
         if ckpt:
-            from specbench.train.checkpoints import load_draft_checkpoint
-
-            path = load_draft_checkpoint(draft, target, n, ckpt)
-            if path:
-                info.update(draft_trained=True, draft_checkpoint=str(path))
+            loaded = load_draft_checkpoint(draft, target, n, ckpt)
+            if loaded:
+                info.update(draft_trained=True, draft_checkpoint=loaded["path"], trained=trained_summary(loaded.get("settings")))
         return draft, info
     if source == "hf":
         from specbench.models import load_hf

@@ -7,11 +7,11 @@ methods look for it (`checkpoint: auto`).
 
 from __future__ import annotations
 
-import os
 import sys
 
 from specbench.config import check_choices, compose, fail, validate
 from specbench.errors import SpecBenchError
+from specbench.train.session import TRAINERS, train_model
 
 
 def main(argv: list[str]) -> None:
@@ -29,23 +29,13 @@ def train(cfg) -> dict:
 
     from specbench.errors import choice_error
     from specbench.models import load_model
-    from specbench.train.data import build_sequences
-    import specbench.train.medusa_space  # noqa: F401 - registers the medusa and space trainers
-    from specbench.train.trainers import TRAINERS
 
     if cfg.method.name not in TRAINERS:
         raise choice_error("trainable method", cfg.method.name, TRAINERS)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     torch.set_grad_enabled(False)
-    target = load_model(cfg.model)
-    data_dir = cfg.task.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
-    sequences = build_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
-    cap = cfg.train.get("max_sequences")
-    if cap and len(sequences) > int(cap):
-        # generated sequences come first: keep them all, cap the original text
-        sequences = sequences[: int(cap)]
-    return TRAINERS[cfg.method.name](target, cfg, sequences)
+    return train_model(cfg, load_model(cfg.model))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
-from specbench.train.checkpoints import cache_dir
+from specbench.artifacts import cache_dir, read_json, write_json
 
 TEMPLATES = (
     "Solve the following problem step by step, then give the final answer.\n\n{q}",
@@ -52,10 +52,10 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
     """(token ids, index where the loss starts) per sequence; cached on disk."""
     desc = {"model": target.key, **{k: dcfg[k] for k in sorted(dcfg.keys())}, "seed": seed}
     key = hashlib.sha1(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    path = cache_dir() / "distill" / f"{target.key}-{key}.pt"
+    path = cache_dir() / "distill" / f"{target.key}-{key}.json"
     if path.is_file():
         print(f"self-distillation data: reusing {path}")
-        return torch.load(path, weights_only=False)["sequences"]
+        return [tuple(s) for s in read_json(path, "self-distillation data", "delete it; training regenerates it")["sequences"]]
 
     rows = read_train_split(data_dir)
     rng = random.Random(seed)
@@ -70,8 +70,9 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
         p = tok.encode_chat([{"role": "user", "content": TEMPLATES[0].format(q=rows[i]["question"])}])
         a = tok.encode(clean_answer(rows[i]["answer"])) + ([eos] if eos is not None else [])
         sequences.append((p + a, len(p)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"desc": desc, "sequences": sequences}, path)
+    if not sequences:
+        raise SpecBenchError("no self-distillation data: generation produced no sequence and train.data.num_original is 0")
+    write_json(path, {"desc": desc, "sequences": sequences})
     print(f"self-distillation data: {len(sequences)} sequences, {sum(len(s) - st for s, st in sequences)} loss tokens -> {path}")
     return sequences
 
@@ -125,9 +126,9 @@ def teacher_labels(target: ModelAdapter, sequences: list[tuple[list[int], int]],
     sequence; generating the same number of tokens costs one forward per token. Cached on disk
     next to the sequences."""
     desc = hashlib.sha1(json.dumps([target.key, [s for s, _ in sequences]]).encode()).hexdigest()[:12]
-    path = cache_dir() / "distill" / f"{target.key}-labels-{desc}.pt"
+    path = cache_dir() / "distill" / f"{target.key}-labels-{desc}.json"
     if path.is_file():
-        return torch.load(path, weights_only=False)
+        return read_json(path, "teacher labels", "delete it; training regenerates it")
     labels: list[list[int]] = []
     for i in tqdm(range(0, len(sequences), batch_size), desc="teacher labels", unit="batch"):
         batch = [s for s, _ in sequences[i : i + batch_size]]
@@ -137,6 +138,5 @@ def teacher_labels(target: ModelAdapter, sequences: list[tuple[list[int], int]],
         h = target.norm(target.run_layers(target.embed(ids), None))
         choice = torch.cat([target.lm_head(h[:, j : j + 128]).argmax(-1) for j in range(0, width, 128)], 1)
         labels += [choice[b, : len(s)].tolist() for b, s in enumerate(batch)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(labels, path)
+    write_json(path, labels)
     return labels

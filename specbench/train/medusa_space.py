@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from specbench.methods.space import MASK
 from specbench.models import ModelAdapter
-from specbench.train.checkpoints import save_checkpoint
+from specbench.artifacts import save_checkpoint
 from specbench.train.trainers import _loop, _pad, _pad_id, _settings, _split, _write_log, eval_loss, trainer
 
 try:  # train.labels: text | target (the target's own greedy labels)

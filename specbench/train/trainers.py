@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter, truncated_copy
-from specbench.train.checkpoints import save_checkpoint
+from specbench.artifacts import save_checkpoint
+from specbench.methods.vanilla_sd import draft_num_layers
 
 TRAINERS = {}
 
@@ -67,7 +68,7 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
     opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
     rng = random.Random(int(tcfg.seed))
     deadline = time.monotonic() + 60 * float(tcfg.max_minutes)
-    log, step = [], 0
+    log, step, labelled = [], 0, 0
     total = int(tcfg.epochs) * ((len(sequences) + int(tcfg.batch_size) - 1) // int(tcfg.batch_size))
     bar = tqdm(total=total, desc=f"train {name}", unit="batch")
     stopped = "epochs"
@@ -78,7 +79,8 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
                     stopped = "time"
                     break
                 ids, labels = _pad(batch, int(tcfg.max_len), pad_id, device)
-                loss, _ = loss_fn(ids, labels)
+                loss, (_, counted) = loss_fn(ids, labels)
+                labelled += counted
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -90,6 +92,10 @@ def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
             if stopped == "time":
                 break
     bar.close()
+    if step == 0 or labelled == 0:  # never cache an untrained part as trained
+        raise SpecBenchError(f"training {name} ran {step} steps over {labelled} labelled tokens ({len(sequences)} training "
+                             f"sequences, train.epochs={tcfg.epochs}, train.max_minutes={tcfg.max_minutes}, "
+                             f"train.max_len={tcfg.max_len}: answers past max_len carry no label); no checkpoint written")
     return log, stopped
 
 
@@ -230,6 +236,8 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
             dh.append(b)
             ii.append(c)
             lab.append(d)
+    if not th:
+        raise SpecBenchError(f"no Cali-TS training pairs from {len(sequences)} sequences (too short?); no checkpoint written")
     return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
 
 
@@ -248,7 +256,7 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
         p = pred(hx[0], hx[1], hx[2])
         acc = float(((p > 0.5).float() == hx[3]).float().mean())
         base = float(hx[3].mean())
-    settings = {"max_i": int(ccfg.max_i), "examples": len(ex[3]), "positive_rate": float(ex[3].mean()),
+    settings = {"max_i": int(ccfg.max_i), "examples": len(ex[3]), "steps": len(losses), "train_sequences": len(train), "positive_rate": float(ex[3].mean()),
                 "losses": losses, "held_out_accuracy": acc, "held_out_positive_rate": base}
     path = save_checkpoint("cali", target.key, exit_.structure(), pred.state_dict(), settings)
     print(f"cali-ts predictor: {len(ex[3])} examples, held-out accuracy {acc:.3f} (majority baseline {max(base, 1 - base):.3f}); {path}")
@@ -258,7 +266,7 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
 @trainer("vanilla_sd")
 def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
     dcfg, tcfg = cfg.method.draft, cfg.train
-    n = int(dcfg.num_layers)
+    n = draft_num_layers(dcfg, target)
     draft = truncated_copy(target, n)
     # embeddings and head stay frozen (tied, the target's): the layers and final norm learn
     trainable = [p for name, p in draft.model.named_parameters() if ".layers." in name or name.endswith("norm.weight")]

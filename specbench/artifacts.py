@@ -1,0 +1,226 @@
+"""Trained artifacts (checkpoints, self-distillation data, Self-SD skip sets): where they live and
+how they are written and read. Sits below both the methods (which load) and training (which
+saves), so neither needs the other.
+
+- Cache: `$SPECBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/specbench`, else `~/.cache/specbench`,
+  always an absolute path (never relative to the working directory).
+- Writes are atomic: a uniquely named temporary file in the same folder, then `os.replace`, so
+  two processes training the same part at once each leave a whole file, never a mixed one.
+- Checkpoints are safetensors files whose header carries the metadata as JSON (kind, model key,
+  structure, training settings: steps, data size, held-out agreement). Loading never unpickles
+  anything, so a crafted file cannot run code; a damaged file is a one-line error that names it
+  and says how to re-create it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specbench.errors import SpecBenchError
+
+FORMAT = "specbench-checkpoint/1"
+TRAIN_HINT = {
+    "eesd": "python -m specbench.train method=eesd model={model} method.n_layers={n}",
+    "vanilla_draft": "python -m specbench.train method=vanilla_sd model={model} method.draft.num_layers={n}",
+    "medusa": "python -m specbench.train method=medusa model={model}",
+    "space": "python -m specbench.train method=space model={model}",
+    "cali": "python -m specbench.train method=eesd model={model} method.n_layers={n} (trains the Cali-TS predictor too)",
+}
+
+
+def cache_dir() -> Path:
+    if os.environ.get("SPECBENCH_CACHE_DIR"):
+        base = Path(os.environ["SPECBENCH_CACHE_DIR"])
+    elif os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"]) / "specbench"
+    else:
+        base = Path("~/.cache/specbench")
+    return base.expanduser().absolute()
+
+
+def safe_key(key: str) -> str:
+    """A model key usable as a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(key))
+
+
+def atomic_write(path: Path, write) -> Path:
+    """Call `write(tmp_path)`, then move the finished file to `path` in one step."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_json(path: Path, obj) -> Path:
+    return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=1, default=str)))
+
+
+def read_json(path: Path, what: str, hint: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecBenchError(f"{what} {path} is unreadable ({type(e).__name__}); delete it and re-create it with `{hint}`") from None
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+def checkpoint_path(kind: str, model_key: str, structure: dict) -> Path:
+    h = hashlib.sha1(json.dumps(structure, sort_keys=True).encode()).hexdigest()[:10]
+    return cache_dir() / kind / f"{safe_key(model_key)}-{h}.safetensors"
+
+
+def _flatten(state: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}/")
+        else:  # a private contiguous copy: safetensors refuses tensors that share memory (tied weights)
+            out[prefix + k] = v.detach().to("cpu").contiguous().clone()
+    return out
+
+
+def _unflatten(flat: dict) -> dict:
+    out: dict = {}
+    for k, v in flat.items():
+        *parents, leaf = k.split("/")
+        d = out
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[leaf] = v
+    return out
+
+
+def check_trained(settings: dict, what: str) -> None:
+    """A checkpoint is 'trained' only if optimisation ran on data: refuse to cache anything else."""
+    steps, seqs = settings.get("steps"), settings.get("train_sequences")
+    if not steps or not seqs:
+        raise SpecBenchError(
+            f"training {what} ran {steps or 0} steps on {seqs or 0} training sequences: nothing was learned, so no "
+            "checkpoint is written; give it data (train.data.*, train.max_sequences) and time (train.max_minutes, train.epochs)"
+        )
+
+
+def save_checkpoint(kind: str, model_key: str, structure: dict, state: dict, settings: dict) -> Path:
+    check_trained(settings, kind)
+    meta = {"format": FORMAT, "kind": kind, "model_key": model_key, "structure": structure, "settings": settings,
+            "saved": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    flat = _flatten(state)
+    path = checkpoint_path(kind, model_key, structure)
+    return atomic_write(path, lambda p: save_file(flat, str(p), metadata={"specbench": json.dumps(meta, default=str)}))
+
+
+def read_checkpoint(path: Path, hint: str) -> dict:
+    """Metadata and tensors of a checkpoint file, or a one-line error naming the file."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["specbench"])
+            flat = {k: f.get_tensor(k) for k in f.keys()}
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}")
+    except Exception as e:  # noqa: BLE001 - zero-byte, truncated, random bytes, a pickle, foreign metadata
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise SpecBenchError(
+            f"checkpoint {path} is damaged or not a specbench checkpoint ({reason}); delete it and re-create it with `{hint}`"
+        ) from None
+    return meta | {"state": _unflatten(flat)}
+
+
+def checkpoint_meta(path: Path) -> dict:
+    """The metadata of a checkpoint without reading its tensors (empty if unreadable)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return json.loads((f.metadata() or {})["specbench"])
+    except Exception:  # noqa: BLE001 - only used for messages; loading reports damage properly
+        return {}
+
+
+def load_checkpoint(kind: str, model_key: str, structure: dict, where="auto", required: bool = True,
+                    model_name: str = "") -> dict | None:
+    """`where`: "auto" (the cache), a path, or None (no checkpoint)."""
+    if where in (None, "none", False):
+        return None
+    path = checkpoint_path(kind, model_key, structure) if where == "auto" else Path(str(where)).expanduser()
+    hint = TRAIN_HINT.get(kind, "python -m specbench.train").format(model=model_name or model_key,
+                                                                    n=structure.get("n_layers", "N"))
+    if not path.is_file():
+        if not required:
+            return None
+        raise SpecBenchError(f"no trained {kind} checkpoint at {path}; train it with `{hint}`")
+    ckpt = read_checkpoint(path, hint)
+    if ckpt.get("kind") != kind or ckpt.get("model_key") != model_key or ckpt.get("structure") != structure:
+        raise SpecBenchError(
+            f"checkpoint {path} was trained for {ckpt.get('kind')} on model {ckpt.get('model_key')} with "
+            f"{ckpt.get('structure')}, not {kind} on {model_key} with {structure}"
+        )
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def trained_summary(settings: dict | None) -> str | None:
+    """'N steps on M sequences, held-out agreement a -> b' for a run's settings line."""
+    if not settings:
+        return None
+    text = f"{settings.get('steps')} steps on {settings.get('train_sequences')} sequences"
+    if settings.get("held_out_agreement_after") is not None:
+        text += f", held-out agreement {settings.get('held_out_agreement_before', 0):.3f} -> {settings['held_out_agreement_after']:.3f}"
+    return text
+
+
+def apply_checkpoint(module, ckpt: dict | None, target, info: dict, strict: bool = True):
+    """Load `ckpt` (if any) into a trainable part, record where it came from in `info`, and
+    make the part ready for inference on the target's device and dtype, frozen."""
+    if ckpt is not None:
+        module.load_state_dict(ckpt["state"], strict=strict)
+        info["checkpoint"] = ckpt["path"]
+        info["train_settings"] = ckpt.get("settings")
+        info["trained"] = trained_summary(ckpt.get("settings"))
+    module.to(device=target.device, dtype=target.dtype).eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> dict | None:
+    """Load a distilled vanilla-SD draft into `draft` if one is cached (or given); its checkpoint."""
+    ckpt = load_checkpoint("vanilla_draft", target.key, {"n_layers": n_layers}, where, required=where != "auto",
+                           model_name=target.name)
+    if ckpt is None:
+        return None
+    missing, unexpected = draft.model.load_state_dict(ckpt["state"], strict=False)
+    if unexpected:
+        raise SpecBenchError(f"checkpoint {ckpt['path']} does not match the draft model (unexpected {unexpected[:3]})")
+    return ckpt
+
+
+# -- Self-SD skip-search results ----------------------------------------------------------------
+def skip_result_path(dir_, model_key: str) -> Path:
+    base = Path(str(dir_)).expanduser() if dir_ else cache_dir() / "self_sd"
+    return base / f"{safe_key(model_key)}.json"
+
+
+def load_skip_result(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecBenchError(f"skip-search result not found: {path}")
+    result = read_json(path, "skip-search result", "python -m specbench.skipsearch model=<name>")
+    skip = result.get("skip") if isinstance(result, dict) else None
+    if not isinstance(skip, dict) or not isinstance(skip.get("attn"), list) or not isinstance(skip.get("mlp"), list):
+        raise SpecBenchError(f"skip-search result {path} has no skip.attn / skip.mlp lists")
+    return result
+
