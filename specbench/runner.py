@@ -25,7 +25,8 @@ from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
 from specbench.metrics.costmodel import interp_cost
-from specbench.models import ModelAdapter, load_model
+from specbench.models import ModelAdapter, backend_of, load_model
+from specbench.models.backends import check_backend
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
 
@@ -289,6 +290,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         raise SpecBenchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     if float(cfg.sampling.temperature) < 0:
         raise SpecBenchError(f"sampling.temperature must be >= 0 (0: greedy), got {cfg.sampling.temperature}")
+    check_backend(cfg.model.get("backend"))  # before the run dir is written
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)
@@ -309,6 +311,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "model_key": getattr(ar_target, "key", None),
         "baseline_weights": getattr(method, "baseline_weights", "base"),
         "dtype": str(target.dtype).replace("torch.", ""),
+        "backend": backend_of(target.model),
         "device": str(target.device),
         "lossless": method.lossless,
         "method_settings": method.describe(),

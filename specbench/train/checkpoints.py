@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecBenchError
+from specbench.models.backends import apply_backend, backend_of
 
 TRAIN_HINT = {
     "eesd": "python -m specbench.train method=eesd model={model} method.n_layers={n}",
@@ -84,12 +85,13 @@ def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> Path | 
 
 def apply_checkpoint(module, ckpt: dict | None, target, info: dict, strict: bool = True):
     """Load `ckpt` (if any) into a trainable part, record where it came from in `info`, and
-    make the part ready for inference on the target's device and dtype, frozen."""
+    make the part ready for inference on the target's device, dtype and linear backend, frozen."""
     if ckpt is not None:
         module.load_state_dict(ckpt["state"], strict=strict)
         info["checkpoint"] = ckpt["path"]
         info["train_settings"] = ckpt.get("settings")
     module.to(device=target.device, dtype=target.dtype).eval()
+    apply_backend(module, backend_of(target.model))
     for p in module.parameters():
         p.requires_grad_(False)
     return module
