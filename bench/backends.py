@@ -1,6 +1,6 @@
 """Linear-layer backends on the embedded model (model.backend), all measured in one process.
 
-    python bench/backends.py                      # eager, mkldnn, bf16, qint8
+    python bench/backends.py                      # eager, mkldnn, hybrid, bf16, qint8
     python bench/backends.py --backends eager mkldnn --reps 7 --samples 8
 
 Prints, per backend:
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 KS = list(range(1, 17))
 
 
-def forward_costs(target, ks, context: int = 200, inner: int = 2) -> dict[int, float]:
+def forward_costs(target, ks, context: int = 200, inner: int = 1) -> dict[int, float]:
     """Seconds of one forward over k new tokens (the fastest of `inner` tries) after `context`."""
     ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
     cache = target.new_cache()
@@ -78,12 +78,13 @@ def method_cfg(args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backends", nargs="*", default=["eager", "mkldnn", "bf16", "qint8"])
+    ap.add_argument("--backends", nargs="*", default=["eager", "mkldnn", "hybrid", "bf16", "qint8"])
     ap.add_argument("--reps", type=int, default=5, help="interleaved rounds of the T(k) sweep")
     ap.add_argument("--samples", type=int, default=6, help="GSM8K prompts for AR tok/s and matches_ar")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--method", default="vanilla_sd", choices=["vanilla_sd", "pld"])
     ap.add_argument("--k", type=int, default=4, help="draft length of the speculative method")
+    ap.add_argument("--inner", type=int, default=1, help="forwards per k per round (the fastest counts)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=str(REPO / "results" / "bench"))
@@ -113,7 +114,7 @@ def main() -> None:
         order = args.backends[r % len(args.backends):] + args.backends[: r % len(args.backends)]
         for b in order:
             apply_backend(target.model, b)
-            c = forward_costs(target, KS)
+            c = forward_costs(target, KS, inner=args.inner)
             t1[b].append(c[1])
             for k in KS:
                 ratios[b][k].append(c[k] / c[1])

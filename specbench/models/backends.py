@@ -9,6 +9,9 @@ decoding step. A backend swaps the kernel, not the model:
 - `mkldnn`: fp32, the weight reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`) and multiplied by `_linear_pointwise`. Same
   arithmetic as eager up to summation order (~1e-6 relative).
+- `hybrid`: fp32, one-row inputs (AR decoding, drafting) through `F.linear` (PyTorch's GEMV path,
+  fast for one row), several rows (verification, prefill) through the prepacked oneDNN kernel.
+  Measured here: with one thread oneDNN is slower than GEMV for one row, faster for several.
 - `bf16`: bfloat16 copies of weight and bias, input rounded to bfloat16, output back to the
   model's dtype. Half the bytes; rounding differs from fp32 (a different model, slightly).
 - `qint8`: int8 weights (symmetric, per output channel) with fbgemm's dynamic quantization of
@@ -75,6 +78,7 @@ def _run_qint8(x: torch.Tensor, packed) -> torch.Tensor:
 
 KERNELS = {
     "mkldnn": (_pack_mkldnn, _run_mkldnn),
+    "hybrid": (_pack_mkldnn, _run_mkldnn),
     "bf16": (_pack_bf16, _run_bf16),
     "qint8": (_pack_qint8, _run_qint8),
 }
@@ -92,6 +96,8 @@ class BackendLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if torch.is_grad_enabled() or w.dtype != torch.float32 or x.dtype != torch.float32 or w.device.type != "cpu":
+            return F.linear(x, w, self.bias)
+        if self.backend == "hybrid" and x.numel() == x.shape[-1]:
             return F.linear(x, w, self.bias)
         pack, run = KERNELS[self.backend]
         key = (self.backend, w.data_ptr(), w._version, None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
@@ -115,8 +121,8 @@ def check_backend(name) -> str:
     name = "eager" if name is None else str(name)
     if name not in BACKENDS:
         raise choice_error("model.backend", name, BACKENDS)
-    if name == "mkldnn" and not torch.backends.mkldnn.is_available():
-        raise SpecBenchError("model.backend=mkldnn needs a torch build with oneDNN (torch.backends.mkldnn); use eager or bf16")
+    if name in ("mkldnn", "hybrid") and not torch.backends.mkldnn.is_available():
+        raise SpecBenchError(f"model.backend={name} needs a torch build with oneDNN (torch.backends.mkldnn); use eager or bf16")
     if name == "qint8" and "fbgemm" not in torch.backends.quantized.supported_engines:
         raise SpecBenchError("model.backend=qint8 needs torch's fbgemm quantized engine (x86); use eager or mkldnn")
     return name
