@@ -131,3 +131,8 @@ def test_greedy_speculative_equals_ar_under_each_backend(backend):
         got = build(name, target, cfg, GREEDY, control("fixed", 4)).generate(prompt, 40, frozenset(), 0).tokens
         assert got == ar, (backend, name)
     assert backend in BATCH_DEPENDENT or backend_of(target.model) == backend
+
+
+def test_backend_does_not_change_the_model_key():
+    """Checkpoints are keyed by model key: the same weights under another backend must find them."""
+    assert tiny_model(backend="mkldnn").key == tiny_model().key == tiny_model(backend="eager").key

@@ -135,7 +135,8 @@ def load_tiny(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "cpu"))
     model.to(device=device, dtype=_dtype(cfg.get("dtype", "float64"), device))
     adapter = ModelAdapter(model, ByteTokenizer(), "tiny-llama")
-    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys())}, sort_keys=True, default=str)
+    # the backend is how the kernels run, not which model: trained parts are shared across backends
+    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys()) if k != "backend"}, sort_keys=True, default=str)
     adapter.key = "tiny-" + hashlib.sha1(desc.encode()).hexdigest()[:12]
     return adapter
 
