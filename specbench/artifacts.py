@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specbench.errors import SpecBenchError
+from specbench.models.backends import apply_backend, backend_of
 
 FORMAT = "specbench-checkpoint/1"
 TRAIN_HINT = {
@@ -184,13 +185,14 @@ def trained_summary(settings: dict | None) -> str | None:
 
 def apply_checkpoint(module, ckpt: dict | None, target, info: dict, strict: bool = True):
     """Load `ckpt` (if any) into a trainable part, record where it came from in `info`, and
-    make the part ready for inference on the target's device and dtype, frozen."""
+    make the part ready for inference on the target's device, dtype and linear backend, frozen."""
     if ckpt is not None:
         module.load_state_dict(ckpt["state"], strict=strict)
         info["checkpoint"] = ckpt["path"]
         info["train_settings"] = ckpt.get("settings")
         info["trained"] = trained_summary(ckpt.get("settings"))
     module.to(device=target.device, dtype=target.dtype).eval()
+    apply_backend(module, backend_of(target.model))
     for p in module.parameters():
         p.requires_grad_(False)
     return module

@@ -27,7 +27,8 @@ from specbench.interference import StepHistory, run_checked
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
-from specbench.models import ModelAdapter, load_model
+from specbench.models import ModelAdapter, backend_of, load_model
+from specbench.models.backends import check_backend
 from specbench.profiling import profile_forward
 from specbench.rundir import RunDir
 from specbench.summary import _fmt, aggregate, print_summary
@@ -135,6 +136,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     several methods load it once)."""
     validate(cfg)
     check_mode(str(cfg.get("timing", "fine")))
+    check_backend(cfg.model.get("backend"))  # before the run dir is written
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)
@@ -158,6 +160,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "model_key": getattr(ar_target, "key", None),
         "baseline_weights": getattr(method, "baseline_weights", "base"),
         "dtype": str(target.dtype).replace("torch.", ""),
+        "backend": backend_of(target.model),
         "device": str(target.device),
         "lossless": method.lossless,
         "method_settings": method.describe(),

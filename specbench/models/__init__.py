@@ -13,9 +13,10 @@ import torch
 
 from specbench.errors import SpecBenchError, choice_error
 from specbench.models.adapter import LayerSkip, ModelAdapter
+from specbench.models.backends import BACKENDS, apply_backend, backend_of, check_backend
 from specbench.models.tokenizer import ByteTokenizer, ChatTokenizer
 
-__all__ = ["LayerSkip", "ModelAdapter", "load_model", "truncated_copy", "MODEL_LOADERS"]
+__all__ = ["LayerSkip", "ModelAdapter", "load_model", "truncated_copy", "MODEL_LOADERS", "BACKENDS", "apply_backend", "backend_of"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -134,7 +135,8 @@ def load_tiny(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "cpu"))
     model.to(device=device, dtype=_dtype(cfg.get("dtype", "float64"), device))
     adapter = ModelAdapter(model, ByteTokenizer(), "tiny-llama")
-    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys())}, sort_keys=True, default=str)
+    # the backend is how the kernels run, not which model: trained parts are shared across backends
+    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys()) if k != "backend"}, sort_keys=True, default=str)
     adapter.key = "tiny-" + hashlib.sha1(desc.encode()).hexdigest()[:12]
     return adapter
 
@@ -146,7 +148,10 @@ def load_model(cfg) -> ModelAdapter:
     loader = cfg.get("loader")
     if loader not in MODEL_LOADERS:
         raise choice_error("model loader", loader, MODEL_LOADERS)
-    return MODEL_LOADERS[loader](cfg)
+    backend = check_backend(cfg.get("backend"))
+    adapter = MODEL_LOADERS[loader](cfg)
+    apply_backend(adapter.model, backend)
+    return adapter
 
 
 def truncated_copy(target: ModelAdapter, num_layers: int, name: str | None = None) -> ModelAdapter:
@@ -173,6 +178,7 @@ def truncated_copy(target: ModelAdapter, num_layers: int, name: str | None = Non
     if getattr(config, "tie_word_embeddings", False):
         draft.tie_weights()
     draft.to(device=target.device, dtype=target.dtype)
+    apply_backend(draft, backend_of(target.model))
     adapter = ModelAdapter(draft, target.tokenizer, name or f"{target.name}[:{num_layers}]")
     adapter.key = f"{getattr(target, 'key', target.name)}-first{num_layers}"
     return adapter

@@ -1,0 +1,158 @@
+"""How a model's linear layers run on CPU (`model.backend`).
+
+Decoding a small model on a CPU is bandwidth-bound: a forward over k <= 8 new tokens should cost
+about what a one-token forward costs. PyTorch's default fp32 `F.linear` does not get there (its
+small-M GEMM path is far slower than its GEMV path), which makes verifying k drafts cost ~1.7x a
+decoding step. A backend swaps the kernel, not the model:
+
+- `eager`: `F.linear` on the fp32 weights (PyTorch's default).
+- `mkldnn`: fp32, the weight reordered once into oneDNN's blocked layout
+  (`torch.ops.mkldnn._reorder_linear_weight`) and multiplied by `_linear_pointwise`. Same
+  arithmetic as eager up to summation order (~1e-6 relative).
+- `hybrid`: fp32, one-row inputs (AR decoding, drafting) through `F.linear` (PyTorch's GEMV path,
+  fast for one row), several rows (verification, prefill) through the prepacked oneDNN kernel.
+  Measured here: with one thread oneDNN is slower than GEMV for one row, faster for several.
+- `bf16`: bfloat16 copies of weight and bias, input rounded to bfloat16, output back to the
+  model's dtype. Half the bytes; rounding differs from fp32 (a different model, slightly).
+- `qint8`: int8 weights (symmetric, per output channel) with fbgemm's dynamic quantization of
+  the activations. The activation scale is one per input *tensor*, so a k-token verify rounds
+  differently from k one-token steps: batch-dependent rounding, greedy output can differ from
+  AR's even though both run the same quantized model. Labelled lossy-in-practice; not a default.
+
+The swap is in place (`module.__class__ = BackendLinear`): parameters, their names, tying (the
+LM head shares the embedding) and every reference held elsewhere (adapter.lm_head, EESD's and
+Medusa's shared head) stay as they are, so checkpoints load unchanged and no modeling file is
+forked. The packed copy is derived from the fp32 parameter and rebuilt whenever the parameter
+changes (load_state_dict, an optimizer step, .to()); whenever autograd is on, the layer runs
+eagerly on the parameter itself, so training never sees a packed weight.
+
+A backend only applies to float32 CPU weights; on other dtypes (the float64 test models) or
+devices it is a no-op, so those stay exact.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specbench.errors import SpecBenchError, choice_error
+
+# oneDNN picks its blocked layout for a batch-size hint; verification batches are 1..16 rows
+MKLDNN_BATCH_HINT = 8
+
+
+def _pack_mkldnn(w: torch.Tensor, b: torch.Tensor | None):
+    return torch.ops.mkldnn._reorder_linear_weight(w, MKLDNN_BATCH_HINT), b
+
+
+def _run_mkldnn(x: torch.Tensor, packed) -> torch.Tensor:
+    w, b = packed
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
+
+
+def _pack_bf16(w: torch.Tensor, b: torch.Tensor | None):
+    return w.to(torch.bfloat16), None if b is None else b.to(torch.bfloat16)
+
+
+def _run_bf16(x: torch.Tensor, packed) -> torch.Tensor:
+    w, b = packed
+    return F.linear(x.to(torch.bfloat16), w, b).to(x.dtype)
+
+
+def _pack_qint8(w: torch.Tensor, b: torch.Tensor | None):
+    scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+    zero = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized tensor creation is deprecated, fbgemm's kernels are not
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(qw, b)
+
+
+def _run_qint8(x: torch.Tensor, packed) -> torch.Tensor:
+    # reduce_range: fbgemm's AVX2 int8 kernels saturate on full-range activations
+    return torch.ops.quantized.linear_dynamic(x.contiguous(), packed, True)
+
+
+KERNELS = {
+    "mkldnn": (_pack_mkldnn, _run_mkldnn),
+    "hybrid": (_pack_mkldnn, _run_mkldnn),
+    "bf16": (_pack_bf16, _run_bf16),
+    "qint8": (_pack_qint8, _run_qint8),
+}
+BACKENDS = ("eager", *KERNELS)
+# backends whose k-token forward can round differently from k one-token forwards by more than
+# fp32 summation order does (greedy output may then differ from AR's)
+BATCH_DEPENDENT = frozenset({"qint8"})
+
+
+class BackendLinear(nn.Linear):
+    """nn.Linear whose no-grad float32 CPU forward runs a packed copy of its weight."""
+
+    backend = "eager"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if torch.is_grad_enabled() or w.dtype != torch.float32 or x.dtype != torch.float32 or w.device.type != "cpu":
+            return F.linear(x, w, self.bias)
+        if self.backend == "hybrid" and x.numel() == x.shape[-1]:
+            return F.linear(x, w, self.bias)
+        pack, run = KERNELS[self.backend]
+        key = (self.backend, w.data_ptr(), w._version, None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
+        cached = self.__dict__.get("_packed")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, pack(w.detach(), None if self.bias is None else self.bias.detach()))
+            self.__dict__["_packed"] = cached
+        return run(x, cached[1])
+
+    def __getstate__(self):
+        # deepcopy/pickle: the packed copy is derived data (and opaque); rebuild it on use
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state.pop("_packed", None)
+        return state
+
+
+def check_backend(name) -> str:
+    """Validate a `model.backend` value (None means eager)."""
+    name = "eager" if name is None else str(name)
+    if name not in BACKENDS:
+        raise choice_error("model.backend", name, BACKENDS)
+    if name in ("mkldnn", "hybrid") and not torch.backends.mkldnn.is_available():
+        raise SpecBenchError(f"model.backend={name} needs a torch build with oneDNN (torch.backends.mkldnn); use eager or bf16")
+    if name == "qint8" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise SpecBenchError("model.backend=qint8 needs torch's fbgemm quantized engine (x86); use eager or mkldnn")
+    return name
+
+
+def apply_backend(module: nn.Module, name) -> int:
+    """Make every plain nn.Linear inside `module` run with backend `name`; returns how many.
+
+    Subclasses of nn.Linear other than ours (LoRA wrappers, quantized layers) are left alone."""
+    name = check_backend(name)
+    n = 0
+    for m in module.modules():
+        if type(m) not in (nn.Linear, BackendLinear):
+            continue
+        m.__dict__.pop("_packed", None)
+        if name == "eager":
+            m.__class__ = nn.Linear
+            m.__dict__.pop("backend", None)
+        else:
+            m.__class__ = BackendLinear
+            m.backend = name
+        n += 1
+    return n
+
+
+def backend_of(module: nn.Module) -> str:
+    """The backend `module`'s linear layers run with (that of its first one)."""
+    for m in module.modules():
+        if isinstance(m, BackendLinear):
+            return m.backend
+        if type(m) is nn.Linear:
+            return "eager"
+    return "eager"
