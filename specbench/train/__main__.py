@@ -34,6 +34,7 @@ def train(cfg) -> dict:
     from specbench.models import load_model
     from specbench.train.data import build_sequences
     import specbench.train.medusa_space  # noqa: F401 - registers the medusa and space trainers
+    import specbench.train.eagle  # noqa: F401 - registers the eagle trainer
     from specbench.train.trainers import TRAINERS
 
     if cfg.method.name not in TRAINERS:
