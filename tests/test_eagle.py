@@ -244,3 +244,31 @@ def test_released_shape_mismatch(tmp_path):
 def test_bad_tree_settings():
     with pytest.raises(SpecBenchError, match="num_nodes must be >= 1"):
         eagle(tiny_model(), num_nodes=0)
+
+
+def test_tree_node_features_equal_their_own_chain():
+    """A node's predicted feature (from the batched, tree-masked head call) equals the head run
+    alone over the committed pairs and that node's own chain: siblings and cousins in the
+    head's cache are invisible to it."""
+    from specbench.engine.cache import KVCache
+
+    target = tiny_model()
+    m = eagle(target, top_k=3, depth=3, num_nodes=10)
+    m.start([0, 17, 99, 42, 7])
+    feats0, toks0 = m.backlog
+    seen = []
+    real = m.expand
+
+    def expand(cand, parent, feats, base):
+        seen.extend((p, feats[i].clone(), chain_tokens(cand, p)) for i, p in enumerate(parent) if p >= 0)
+        return real(cand, parent, feats, base)
+
+    m.expand = expand
+    m.draft_tree()
+    assert len(seen) == 9  # three frontiers of three
+    for _, feat, chain in seen:
+        cache = KVCache(1)
+        f = m.head(feats0.unsqueeze(0), toks0, cache)[0, -1]
+        for tok in chain:
+            f = m.head(f.view(1, 1, -1), [tok], cache)[0, -1]
+        torch.testing.assert_close(feat, f, rtol=0, atol=1e-9)
