@@ -22,6 +22,7 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "e2e_vanilla_sd": (TINY + E2E + DRAFT + ["method=vanilla_sd"], {}),
     # the forward-cost profile on: predicted and eq.14 speedups are printed too
     "e2e_pld": (TINY + E2E + ["method=pld", "profile.enabled=true", "profile.reps=1", "profile.context=20"], {}),
+    "e2e_eagle": (TINY + E2E + ["method=eagle", "method.allow_untrained=true"], {}),
     "unknown_method": (TINY + ["method=nope"], {}),
     "unknown_task": (TINY + ["task=nope"], {}),
     "unknown_model": (TINY + ["model=nope"], {}),
@@ -38,6 +39,7 @@ CASES: dict[str, tuple[list[str], dict]] = {
     ),
     "max_new_tokens_not_int": (TINY + DRAFT + ["max_new_tokens=abc"], {}),
     "unknown_key": (TINY + DRAFT + ["no_such_key=1"], {}),
+    "eagle_released_no_config": (TINY + ["method=eagle", "method.checkpoint={tmp}/empty"], {}),
 }
 ERRORS = [c for c in CASES if not c.startswith("e2e")]
 
@@ -96,7 +98,7 @@ def cli(tmp_path_factory, data_dir):
     return results
 
 
-@pytest.mark.parametrize("name", ["e2e_vanilla_sd", "e2e_pld"])
+@pytest.mark.parametrize("name", ["e2e_vanilla_sd", "e2e_pld", "e2e_eagle"])
 def test_end_to_end(cli, name):
     rc, out, err, run_dir = cli[name]
     assert rc == 0, err[-3000:]
@@ -144,6 +146,7 @@ EXPECT = {
     "draft_other_tokenizer": "different tokenizer",
     "max_new_tokens_not_int": "max_new_tokens",
     "unknown_key": "no_such_key",
+    "eagle_released_no_config": "has no config.json",
 }
 
 
