@@ -6,6 +6,7 @@ Prints tau, acceptance by depth, the time breakdown, the measured speedup, the r
 predicted speedup (which charges T(depth + 1) per step, as for a chain of `depth` drafts) and a
 tree-aware prediction charging T(num_nodes + 1): a step verifies every node of the tree.
 Both predictions use the run's own start-up forward-cost profile and its measured draft time.
+Reads only samples.jsonl, so it also works on a run that is still going or was stopped.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from specbench.metrics.costmodel import interp_cost  # noqa: E402
 
 
 def main(run_dir: Path) -> None:
-    summary = json.loads((run_dir / "summary.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     costs = {int(k): v for k, v in json.loads((run_dir / "forward_costs.json").read_text()).items()}
     recs = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
-    agg = summary.get("aggregate", summary)
     steps = [s for r in recs for s in r["method"]["steps"]]
     n_seq = sum(len(r["method"]["tokens"]) for r in recs)
     new = sum(r["method"]["new_tokens"] for r in recs)
