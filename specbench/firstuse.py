@@ -5,7 +5,7 @@ cache it, then run.
 Sits above the methods and training (the runner calls `ensure_trained`), so neither imports the
 other. `FIRST_USE` maps a method name to a function `(cfg, target) -> [Part]` listing the parts
 that method would load from the cache; adding a method is one line, e.g.
-`FIRST_USE["eagle2"] = checkpoint_part("the EAGLE-2 draft head", "eagle2", lambda m: {...})`.
+`FIRST_USE["eagle"] = checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {...})`.
 
 Nothing is trained when `method.train_if_missing=false`, when the part is given by an explicit
 path, or for models that are not small (`train.first_use.loaders` / `max_params`; `model=hf`
@@ -116,6 +116,7 @@ FIRST_USE: dict[str, Callable] = {
     "vanilla_sd": draft_parts,
     "hf_assisted": draft_parts,
     "self_sd": skip_search_parts,
+    "eagle": checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {"layers": 1, "bias": bool(m.get("bias", True))}),
 }
 
 

@@ -23,6 +23,7 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "e2e_vanilla_sd": (TINY + E2E + DRAFT + ["method=vanilla_sd"], {}),
     # the forward-cost profile on: predicted and eq.14 speedups are printed too
     "e2e_pld": (TINY + E2E + ["method=pld", "profile.enabled=true", "profile.reps=1", "profile.context=20"], {}),
+    "e2e_eagle": (TINY + E2E + ["method=eagle", "method.allow_untrained=true"], {}),
     "unknown_method": (TINY + ["method=nope"], {}),
     "unknown_task": (TINY + ["task=nope"], {}),
     "unknown_model": (TINY + ["model=nope"], {}),
@@ -61,6 +62,7 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "multirun_bad_value": (["-m"] + TINY + DRAFT + ["control.k=1,abc"], {}),
     "experiment_unknown": (TINY + ["+experiment=bogus"], {}),
     "experiment_bad_value": (TINY + DRAFT + ["+experiment=repeats", "control.k=abc"], {}),
+    "eagle_released_no_config": (TINY + ["method=eagle", "method.checkpoint={tmp}/empty"], {}),
 }
 ERRORS = [c for c in CASES if not c.startswith("e2e")]
 
@@ -124,7 +126,7 @@ def cli(tmp_path_factory, data_dir):
     return results
 
 
-@pytest.mark.parametrize("name", ["e2e_vanilla_sd", "e2e_pld"])
+@pytest.mark.parametrize("name", ["e2e_vanilla_sd", "e2e_pld", "e2e_eagle"])
 def test_end_to_end(cli, name):
     rc, out, err, run_dir = cli[name]
     assert rc == 0, err[-3000:]
@@ -193,6 +195,7 @@ EXPECT = {
     "multirun_bad_value": "control.k='abc'",
     "experiment_unknown": "unknown experiment 'bogus'",
     "experiment_bad_value": "control.k='abc'",
+    "eagle_released_no_config": "has no config.json",
 }
 
 

@@ -27,10 +27,10 @@ TINY_BUDGET = [
     "train.first_use.skip_search.num_prompts=1", "train.first_use.skip_search.max_new_tokens=8",
 ]
 METHODS = ["ar", "hf_assisted", "vanilla_sd", "pld",  # hf_assisted first: vanilla_sd trains the same draft
-           "self_sd", "eesd", "medusa", "space"]
+           "self_sd", "eesd", "medusa", "space", "eagle"]
 TASKS = ["gsm8k", "xsum", "humaneval", "mt_bench", "jsonl"]
 TRAINED = {  # method -> describe() key saying its trained part was loaded
-    "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained",
+    "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained", "eagle": "head_trained",
     "space": "space_trained",
 }
 
@@ -192,3 +192,11 @@ def test_damaged_checkpoints_are_one_line_errors_naming_the_file(damage):
         artifacts.load_checkpoint("medusa", "m", {"num_heads": 1, "share_head": False}, model_name="tiny-llama")
     msg = str(e.value)
     assert str(path) in msg and "python -m specbench.train method=medusa model=tiny-llama" in msg and "\n" not in msg
+
+
+def test_every_registered_method_is_covered_here():
+    """A new method must run from an empty cache too: it joins METHODS above (and FIRST_USE
+    in specbench/firstuse.py when it has a trained part)."""
+    from specbench.methods.base import METHODS as REGISTERED
+
+    assert sorted(REGISTERED) == sorted(METHODS)

@@ -98,6 +98,15 @@ class ModelAdapter:
     def new_cache(self) -> KVCache:
         return KVCache(self.num_layers)
 
+    def new_layer(self, input_norm: bool = True) -> nn.Module:
+        """A freshly initialised decoder layer of the target's own class and config (a draft
+        head's layer). input_norm=False drops the layer's input norm, as EAGLE's draft layer
+        has none (its input is a projection of an already normalised feature)."""
+        layer = type(self.layers[0])(self.config, 0)
+        if not input_norm:
+            layer.input_layernorm = nn.Identity()
+        return layer.to(device=self.device, dtype=self.dtype)
+
     # -- pieces ------------------------------------------------------------------------------
     def embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
         """[q] or [B, q] token ids -> [1 or B, q, d]."""
@@ -127,7 +136,8 @@ class ModelAdapter:
 
         positions: [q] absolute positions (default: right after what each layer has cached).
         tree_mask: [q, q] bool, True where new token i may attend to new token j (default
-        causal). Cached tokens are always visible.
+        causal). Cached tokens are always visible, except that a wider mask [q, m] (m > q)
+        covers the last m - q cached tokens too (a draft tree grown one level per call).
         layers: run these modules instead of the model's own (an early-exit layer); they write
         to cache layer `cache_offset + k`, their own `layer_idx` is ignored.
         """
@@ -191,7 +201,7 @@ class ModelAdapter:
             return None
         allowed = torch.ones(q, past + q, dtype=torch.bool, device=device)
         new = tree_mask.to(device) if tree_mask is not None else torch.ones(q, q, dtype=torch.bool, device=device).tril()
-        allowed[:, past:] = new
+        allowed[:, past + q - new.shape[1] :] = new
         mask = torch.zeros(q, past + q, dtype=dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask.view(1, 1, q, past + q)

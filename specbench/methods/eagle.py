@@ -1,0 +1,184 @@
+"""EAGLE-2 (Li et al. 2024): EAGLE's feature-level draft head with a dynamic draft tree.
+
+One step, with x_n the pending token (chosen by the target, not yet fed to it):
+1. The head catches up on the committed pairs (f_t, x_(t+1)) it has not seen (target features
+   from the prefill or the previous verification; eagle_head.py), in its own one-layer KV cache.
+   Its output at the last pair is the predicted feature of x_n: the tree's root.
+2. Dynamic tree (EAGLE-2, section 4): the root's top-k tokens are the depth-1 nodes, each scored
+   by its log draft probability. Then `depth` times: the current frontier (the k best nodes of
+   the newest level) goes through the head in one call, each with its parent's predicted
+   feature and a tree mask over the head's cached tree entries; each frontier node proposes its
+   top-k children, scored by the accumulated confidence (sum of log draft probabilities along
+   the path = log of their product); the k best children form the next frontier. Rerank: the
+   `num_nodes` best-scored nodes of everything proposed are verified. A child never outscores
+   its parent (log p <= 0) and ties go to the shallower node, so the selection is a tree.
+3. One target forward over root + nodes with the tree mask (engine/tree.py); greedy or lossless
+   tree rejection sampling picks the accepted path; `KVCache.keep` keeps that path; the path's
+   target features (computed by this forward) are the pairs the head reads next step. The head's
+   tree entries are dropped: the next step uses real target features, as the authors' code does.
+
+Sampling is lossless with `verify_tree_sampling` as is: its one-hot (q = 1) rule is exact when a
+node's children are distinct tokens chosen without looking at the target's random draws. Here
+they are the top-k of one draft distribution: deterministic given the context, and distinct.
+(The authors' code verifies EAGLE-2 trees with the same q = 1 rule.)
+
+`control=` does not apply: EAGLE-2's draft shape is set by its own `depth`, `top_k` and
+`num_nodes` (the node budget), fixed per step, as in the paper; no controller is consulted.
+
+StepResult.n_drafted is the tree's depth (the most tokens a step can accept), so acceptance by
+position is acceptance by depth. Every step verifies `len(tree)` = num_nodes + 1 tokens: a cost
+model must charge T(num_nodes + 1) per step, not T(depth + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench.engine.cache import KVCache
+from specbench.engine.sampling import next_token
+from specbench.engine.tree import TokenTree, verify_tree_sampling
+from specbench.errors import SpecBenchError
+from specbench.methods.base import Method, StepResult, register_method
+from specbench.methods.eagle_head import load_eagle
+
+
+@dataclass
+class DraftTree:
+    """Candidates proposed while growing the tree (root excluded)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # candidate index, -1 = root
+    ranks: list[int] = field(default_factory=list)  # rank among the parent's top-k (unique per parent)
+    scores: list[float] = field(default_factory=list)  # accumulated log draft probability
+    depths: list[int] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, rank: int, score: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.ranks.append(rank)
+        self.scores.append(float(score))
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def path(self, c: int) -> tuple[int, ...]:
+        out = []
+        while c >= 0:
+            out.append(self.ranks[c])
+            c = self.parents[c]
+        return tuple(reversed(out))
+
+    def rerank(self, root: int, n: int) -> tuple[TokenTree, list[int]]:
+        """The n best candidates as a TokenTree and its node tokens (root first)."""
+        order = sorted(range(len(self.tokens)), key=lambda c: (-self.scores[c], self.depths[c], c))
+        chosen: set[int] = set()
+        for c in order:
+            if len(chosen) == n:
+                break
+            if self.parents[c] < 0 or self.parents[c] in chosen:  # keep it a tree even under odd ties
+                chosen.add(c)
+        token_of = {self.path(c): self.tokens[c] for c in chosen}
+        tree = TokenTree.from_paths(list(token_of))
+        return tree, [root] + [token_of[p] for p in tree.paths[1:]]
+
+
+@register_method
+class Eagle(Method):
+    name = "eagle"
+    needs_training = "eagle draft head"
+
+    def __init__(self, target, cfg, sampling, ctx=None):
+        super().__init__(target, cfg, sampling, ctx)
+        self.head, self.info = load_eagle(target, cfg)
+        self.top_k = min(int(cfg.get("top_k", 4)), target.vocab_size)
+        self.depth = int(cfg.get("depth", 4))
+        self.num_nodes = int(cfg.get("num_nodes", 15))
+        for key, v, lo in (("top_k", self.top_k, 1), ("depth", self.depth, 0), ("num_nodes", self.num_nodes, 1)):
+            if v < lo:
+                raise SpecBenchError(f"eagle {key} must be >= {lo}, got {v}")
+        self.record_pairs = False  # tests: keep every committed (feature, token) pair fed to the head
+        self.fed: list[tuple[int, torch.Tensor, list[int]]] = []
+
+    def describe(self) -> dict:
+        d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
+        return d | {"top_k": self.top_k, "depth": self.depth, "num_nodes": self.num_nodes,
+                    "controller": "none (EAGLE-2 tree: depth/top_k/num_nodes)"}
+
+    # -- prefill -----------------------------------------------------------------------------
+    def start(self, prompt: list[int]) -> int:
+        t = self.target
+        self.tokens = list(prompt)
+        self.cache = t.new_cache()
+        self.dcache = KVCache(1)
+        with self.timer.phase("prefill"):
+            f = t.norm(t.run_layers(t.embed(self.tokens), self.cache))
+            tok = next_token(t.lm_head(f[0, -1]), self.sampling, self.gen)
+        self.tokens.append(tok)
+        self.backlog = (f[0], self.tokens[1:])  # pairs (f_t, x_(t+1)) for t = 0..len(prompt)-1
+        return tok
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self, budget: int) -> StepResult:
+        t = self.target
+        with self.timer.phase("draft"):
+            tree, nodes = self.draft_tree()
+        with self.timer.phase("verify"):
+            L = self.cache.length()
+            logits, hidden = t.forward(nodes, self.cache, positions=L + tree.depths.to(t.device),
+                                       tree_mask=tree.mask.to(t.device))
+            path, tok = verify_tree_sampling(tree, nodes, logits, self.sampling, self.gen)
+            self.cache.keep(L, path)
+        accepted = [nodes[j] for j in path[1:]]
+        self.tokens += accepted + [tok]
+        self.backlog = (hidden[path], accepted + [tok])
+        return StepResult(accepted + [tok], tree.max_depth, len(accepted))
+
+    def catch_up(self) -> torch.Tensor:
+        """Feed the committed pairs the head has not seen; return the root's predicted feature."""
+        feats, toks = self.backlog
+        if self.record_pairs:
+            self.fed.append((self.dcache.length(), feats.detach().clone(), list(toks)))
+        out = self.head(feats.unsqueeze(0), toks, self.dcache)
+        return out[0, -1]
+
+    def expand(self, cand: DraftTree, parent: list[int], feats: torch.Tensor, base: float | torch.Tensor):
+        """Score the top-k children of each row of `feats` (predicted features of `parent`)."""
+        logp = torch.log_softmax(self.head.logits(feats).float(), -1)
+        top = torch.topk(logp, self.top_k, -1)
+        cu = (top.values + base).tolist()
+        ids = top.indices.tolist()
+        return [cand.add(ids[i][r], p, r, cu[i][r]) for i, p in enumerate(parent) for r in range(self.top_k)]
+
+    def draft_tree(self) -> tuple[TokenTree, list[int]]:
+        root_feat = self.catch_up()
+        base = self.dcache.length()  # = position of the pending token; node at depth d sits at base + d - 1
+        cand = DraftTree()
+        frontier = self.expand(cand, [-1], root_feat.unsqueeze(0), 0.0)
+        feat_of = {-1: root_feat}
+        slot: dict[int, int] = {}  # candidate -> index among the head's cached tree entries
+        for _ in range(self.depth):
+            frontier = sorted(frontier, key=lambda c: -cand.scores[c])[: self.top_k]
+            mask = self.frontier_mask(cand, frontier, slot)
+            feats = torch.stack([feat_of[cand.parents[c]] for c in frontier]).unsqueeze(0)
+            pos = torch.full((len(frontier),), base + cand.depths[frontier[0]] - 1, device=feats.device)
+            out = self.head(feats, [cand.tokens[c] for c in frontier], self.dcache, positions=pos, tree_mask=mask)[0]
+            for i, c in enumerate(frontier):
+                slot[c] = len(slot)
+                feat_of[c] = out[i]
+            scores = torch.tensor([cand.scores[c] for c in frontier], dtype=torch.float32, device=out.device)
+            frontier = self.expand(cand, frontier, out, scores.unsqueeze(-1))
+        self.dcache.crop(base)
+        return cand.rerank(self.tokens[-1], self.num_nodes)
+
+    def frontier_mask(self, cand: DraftTree, frontier: list[int], slot: dict[int, int]) -> torch.Tensor:
+        """[q, cached tree entries + q]: each frontier node sees its cached ancestors and itself."""
+        q, m = len(frontier), len(slot)
+        mask = torch.zeros(q, m + q, dtype=torch.bool, device=self.target.device)
+        for i, c in enumerate(frontier):
+            mask[i, m + i] = True
+            a = cand.parents[c]
+            while a >= 0:
+                mask[i, slot[a]] = True
+                a = cand.parents[a]
+        return mask
