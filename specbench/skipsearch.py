@@ -33,16 +33,23 @@ What the paper fixes and what we chose where it leaves things open:
 
 from __future__ import annotations
 
-import json
 import random
-import re
 import sys
 import time
 from pathlib import Path
 
-from specbench.config import check_choices, compose, fail, validate
+import torch
+
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
+from specbench.config import check_choices, compose, fail, validate
+from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
+from specbench.methods import build_method
+from specbench.methods.self_sd import heuristic_skip, model_key
+from specbench.models import LayerSkip, load_model
+from specbench.tasks import build_task
+from specbench.tasks.base import Sample, read_jsonl
+from specbench.tasks.gsm8k import exemplar_answer, prompt
 
 FORMAT = "specbench-self_sd-skipsearch/1"
 SAMPLERS = ("tpe", "gp")
@@ -73,7 +80,6 @@ load_result = load_skip_result
 
 # -- the search ------------------------------------------------------------------------------
 def skip_from_params(params: dict, num_layers: int):
-    from specbench.models import LayerSkip
 
     return LayerSkip(
         attn=frozenset(i for i in range(num_layers) if int(params[f"attn_{i:03d}"])),
@@ -117,9 +123,6 @@ def search_skip_set(
     import optuna
     from tqdm import tqdm
 
-    from specbench.engine.sampling import SamplingConfig
-    from specbench.methods import build_method
-    from specbench.methods.self_sd import heuristic_skip, model_key
 
     if int(iterations) < 1:
         raise SpecBenchError(f"iterations must be >= 1, got {iterations}")
@@ -209,9 +212,6 @@ def search_skip_set(
 def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tuple[list[list[int]], list[str]]:
     """`num_prompts` random GSM8K train questions (never test items, never the few-shot
     exemplar), formatted as the gsm8k task formats its test questions."""
-    from specbench.tasks import build_task
-    from specbench.tasks.base import Sample, read_jsonl
-    from specbench.tasks.gsm8k import exemplar_answer, prompt
 
     task = build_task(task_cfg)
     loader = getattr(task, "load_split", None) or getattr(task, "_split", None)
@@ -263,9 +263,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import torch
 
-    from specbench.models import load_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
     opts, overrides = parse_args(argv)
@@ -285,7 +283,6 @@ def main(argv: list[str] | None = None) -> dict:
         target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], k=opts["k"],
         seed=opts["seed"], sampler=str(opts["sampler"]), progress=bool(opts["progress"]), prompt_ids=ids,
     )
-    from specbench.methods.self_sd import model_key
 
     out = opts["out"] or result_path(cfg.method.skip.get("cache_dir"), model_key(target))
     path = save_result(result, out)

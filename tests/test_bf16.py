@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import ar_tokens, build, control, method_cfg, tiny_model
-from specbench.engine.sampling import SamplingConfig, draft_token_probs, probs, residual, verify_sampling
+from specbench.engine.sampling import draft_token_probs, probs, residual, verify_sampling
 from test_lossless import DRAFT_LOGITS, SAMPLING_CFGS, TARGET_LOGITS, V, gof
 
 BF16_TOLERANCE = 0.5  # logit units: above the measured 0.28 block-vs-incremental difference

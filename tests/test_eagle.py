@@ -18,7 +18,7 @@ from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.train.eagle import train_eagle
 from specbench.train.trainers import TRAINERS
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model
-from tests.test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target, tiny_sequences, train_cfg
+from tests.test_medusa import E2E_SAMPLING, check_sampling_matches_target, tiny_sequences, train_cfg
 
 TARGETS = [{}, {"init_std": 0.1}, {"init_std": 0.1, "num_layers": 2}]
 prompts = st.one_of(st.lists(st.integers(0, 258), min_size=1, max_size=16),

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from specbench.errors import SpecBenchError, choice_error
+from specbench.errors import SpecBenchError
 
 
 @dataclass
@@ -80,14 +80,3 @@ CONTROLLERS: dict[str, type[Controller]] = {}
 def register_controller(cls: type[Controller]) -> type[Controller]:
     CONTROLLERS[cls.name] = cls
     return cls
-
-
-def build_controller(cfg, **extra) -> Controller:
-    import specbench.control  # noqa: F401 - registers the built-in controllers
-
-    params = dict(cfg)
-    name = params.pop("name", None)
-    if name not in CONTROLLERS:
-        raise choice_error("controller", name, CONTROLLERS)
-    params.update(extra)
-    return CONTROLLERS[name](**params)

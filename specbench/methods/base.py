@@ -22,7 +22,7 @@ import torch
 from specbench.control import DraftInfo, build_controller
 from specbench.engine.sampling import SamplingConfig, next_token, probs, sample, verify_sampling
 from specbench.engine.timer import PhaseTimer
-from specbench.errors import SpecBenchError, choice_error
+from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
 
 
@@ -218,14 +218,6 @@ METHODS: dict[str, type[Method]] = {"ar": ARMethod}
 def register_method(cls: type[Method]) -> type[Method]:
     METHODS[cls.name] = cls
     return cls
-
-
-def build_method(name: str, target: ModelAdapter, cfg, sampling: SamplingConfig, ctx: dict | None = None) -> Method:
-    import specbench.methods  # noqa: F401 - registers the built-in methods
-
-    if name not in METHODS:
-        raise choice_error("method", name, METHODS)
-    return METHODS[name](target, cfg, sampling, ctx)
 
 
 def require(cond: bool, message: str) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from specbench.engine.timer import PhaseTimer
 from specbench.errors import SpecBenchError
 from specbench.methods.base import Generation, Method, register_method
+from specbench.methods.vanilla_sd import build_draft
 
 
 @register_method
@@ -27,7 +29,6 @@ class HFAssisted(Method):
             raise SpecBenchError(f"K must be >= 1, got {self.k}")
         self.draft_info = {}
         if self.mode == "assistant":
-            from specbench.methods.vanilla_sd import build_draft
 
             self.draft, self.draft_info = build_draft(target, cfg.get("draft", {}))
             self.draft.model.generation_config.num_assistant_tokens = self.k
@@ -52,7 +53,6 @@ class HFAssisted(Method):
             kwargs["assistant_model"] = self.draft.model
         else:
             kwargs["prompt_lookup_num_tokens"] = self.k
-        from specbench.engine.timer import PhaseTimer
 
         self.timer = PhaseTimer(self.target.device, self.timing)
         torch.manual_seed(int(seed))

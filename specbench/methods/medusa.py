@@ -26,7 +26,7 @@ from torch import nn
 
 from specbench.artifacts import apply_checkpoint, load_checkpoint
 from specbench.engine.sampling import next_token
-from specbench.engine.tree import TokenTree, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
+from specbench.engine.tree import TokenTree, verify_tree_sampling, verify_tree_typical
 from specbench.errors import SpecBenchError
 from specbench.methods.base import Method, StepResult, register_method
 from specbench.models import ModelAdapter, published

@@ -11,9 +11,9 @@ text, and a trained checkpoint is picked up automatically (`draft.checkpoint: au
 from __future__ import annotations
 
 from specbench.artifacts import load_draft_checkpoint, trained_summary
-from specbench.methods.base import SpeculativeMethod, register_method
-from specbench.models import ModelAdapter, truncated_copy
 from specbench.errors import SpecBenchError
+from specbench.methods.base import SpeculativeMethod, register_method
+from specbench.models import ModelAdapter, load_hf, truncated_copy
 
 
 def draft_num_layers(cfg, target: ModelAdapter) -> int:
@@ -36,7 +36,6 @@ def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
                 info.update(draft_trained=True, draft_checkpoint=loaded["path"], trained=trained_summary(loaded.get("settings")))
         return draft, info
     if source == "hf":
-        from specbench.models import load_hf
 
         draft = load_hf(cfg)
         if draft.tokenizer.vocab != target.tokenizer.vocab:

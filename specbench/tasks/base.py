@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specbench.errors import SpecBenchError, choice_error
+from specbench.errors import SpecBenchError
 
 
 @dataclass
@@ -162,12 +162,3 @@ TASKS: dict[str, type[Task]] = {}
 def register_task(cls: type[Task]) -> type[Task]:
     TASKS[cls.name] = cls
     return cls
-
-
-def build_task(cfg) -> Task:
-    import specbench.tasks  # noqa: F401 - registers the built-in tasks
-
-    name = cfg.get("name")
-    if name not in TASKS:
-        raise choice_error("task", name, TASKS)
-    return TASKS[name](cfg)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from specbench.config import check_choices, compose, fail, validate
-from specbench.errors import SpecBenchError
+from specbench.errors import SpecBenchError, choice_error
+from specbench.models import load_model
 from specbench.train.session import TRAINERS, train_model
 
 
@@ -25,10 +28,7 @@ def main(argv: list[str]) -> None:
 
 
 def train(cfg) -> dict:
-    import torch
 
-    from specbench.errors import choice_error
-    from specbench.models import load_model
 
     if cfg.method.name not in TRAINERS:
         raise choice_error("trainable method", cfg.method.name, TRAINERS)

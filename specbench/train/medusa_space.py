@@ -19,10 +19,20 @@ import random
 import torch
 from torch.nn import functional as F
 
-from specbench.methods.space import MASK
-from specbench.models import ModelAdapter
 from specbench.artifacts import save_checkpoint
-from specbench.train.trainers import _loop, _pad, _pad_id, _settings, _split, _write_log, eval_loss, trainer
+from specbench.methods.medusa import MedusaHeads
+from specbench.methods.space import MASK, MaskedEmbed, finetuned_copy, space_structure
+from specbench.models import ModelAdapter
+from specbench.train.trainers import (
+    _loop,
+    _pad,
+    _pad_id,
+    _settings,
+    _split,
+    _write_log,
+    eval_loss,
+    trainer,
+)
 
 try:  # train.labels: text | target (the target's own greedy labels)
     from specbench.train.trainers import with_labels
@@ -89,7 +99,6 @@ def medusa_accuracy(target, heads, sequences, tcfg, pad_id, ranks: int = 10, lim
 
 @trainer("medusa")
 def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
-    from specbench.methods.medusa import MedusaHeads
 
     mcfg, tcfg = cfg.method, cfg.train
     heads = MedusaHeads(target, int(mcfg.get("num_heads", 4)), bool(mcfg.get("share_head", False)))
@@ -176,7 +185,6 @@ def _apply_lora(ft: ModelAdapter, structure: dict):
 
 @trainer("space")
 def train_space(target: ModelAdapter, cfg, sequences) -> dict:
-    from specbench.methods.space import MaskedEmbed, finetuned_copy, space_structure
 
     mcfg, tcfg = cfg.method, cfg.train
     structure = space_structure(mcfg)

@@ -19,10 +19,13 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from specbench.errors import SpecBenchError
-from specbench.models import ModelAdapter, truncated_copy
 from specbench.artifacts import save_checkpoint
+from specbench.control.cali_ts import CaliPredictor
+from specbench.errors import SpecBenchError
+from specbench.methods.eesd import EarlyExit
 from specbench.methods.vanilla_sd import draft_num_layers
+from specbench.models import ModelAdapter, truncated_copy
+from specbench.train.data import teacher_labels
 
 TRAINERS = {}
 
@@ -127,7 +130,6 @@ def with_labels(target: ModelAdapter, sequences, tcfg):
         return sequences
     if mode != "target":
         raise SpecBenchError(f"unknown train.labels {mode!r}; allowed: target, text")
-    from specbench.train.data import teacher_labels
 
     return [(s, st, lab) for (s, st), lab in zip(sequences, teacher_labels(target, sequences))]
 
@@ -146,7 +148,6 @@ def _pad_id(target: ModelAdapter) -> int:
 
 @trainer("eesd")
 def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
-    from specbench.methods.eesd import EarlyExit
 
     mcfg, tcfg = cfg.method, cfg.train
     exit_ = EarlyExit(target, int(mcfg.n_layers), mcfg.get("head", "shared")).to(target.device)
@@ -163,7 +164,6 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     log, stopped = _loop("eesd exit layer", list(exit_.parameters()), loss_fn, train, tcfg, pad, target.device)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    agree_before, agree_after = None, None
     settings = _settings(cfg, len(train), len(held), log, stopped, before, after)
     path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings)
     _write_log(path, log, settings)
@@ -242,7 +242,6 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
 
 
 def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
-    from specbench.control.cali_ts import CaliPredictor
 
     ccfg = cfg.train.cali_predictor
     exit_.eval()
