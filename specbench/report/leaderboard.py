@@ -1,6 +1,6 @@
 """Spec-Bench's leaderboard layout for `task=spec_bench` runs: rows methods, columns categories + overall.
 
-Used by `python -m specbench.report` (tables.md / tables.tex and `spec_bench_leaderboard_*.png`).
+Part of `python -m specbench.report` (tables.md / tables.tex and `spec_bench_leaderboard_*.png`).
 One table per model and setting (max_new_tokens, sampling): speedup per category, #mean accepted
 tokens (tau) and overall speedup, methods sorted by overall speedup as Spec-Bench sorts them; a
 second table gives tau per category. Values are means over repeats (runs differing only in seed),
@@ -10,11 +10,12 @@ as Spec-Bench reports the mean over 3 runs.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
+from specbench.report.tables import Table
 from specbench.tasks.spec_bench import COLUMNS
 
 TASK = "spec_bench"
@@ -46,8 +47,8 @@ def _settings(df: pd.DataFrame):
         yield model, json.loads(setting), dm.sort_values("speedup", ascending=False, na_position="last")
 
 
-def leaderboard_tables(df: pd.DataFrame) -> list[tuple[str, list[str], list[list[str]], str]]:
-    """(title, header, rows, note) per model and setting."""
+def leaderboard_tables(df: pd.DataFrame) -> list[Table]:
+    """Two tables (speedup, tau per category) per model and setting."""
     out = []
     if df.empty:
         return out
@@ -58,11 +59,11 @@ def leaderboard_tables(df: pd.DataFrame) -> list[tuple[str, list[str], list[list
         header = ["Models"] + [NAMES.get(c, c) for c in cats]
         rows = [[h["label"]] + [_x(h["per_category"].get(c), suffix="x") for c in cats] + [_x(h["tau"]), _x(h["speedup"], suffix="x")]
                 for _, h in dm.iterrows()]
-        out.append((f"Spec-Bench leaderboard, {where}", header + ["#Mean Accepted Tokens", "Overall"], rows,
-                    "Speedup over AR per category (pooled tokens/s ratio, mean over repeats); "
-                    "#Mean Accepted Tokens = tau (tokens per target forward, 1.00 for AR)."))
+        out.append(Table(f"Spec-Bench leaderboard, {where}", header + ["#Mean Accepted Tokens", "Overall"], rows,
+                         "Speedup over AR per category (pooled tokens/s ratio, mean over repeats); "
+                         "#Mean Accepted Tokens = tau (tokens per target forward, 1.00 for AR)."))
         tau_rows = [[h["label"]] + [_x(_cat_tau(h, c)) for c in cats] + [_x(h["tau"])] for _, h in dm.iterrows()]
-        out.append((f"Spec-Bench tau per category, {where}", header + ["Overall"], tau_rows, "tau: mean accepted tokens per step."))
+        out.append(Table(f"Spec-Bench tau per category, {where}", header + ["Overall"], tau_rows, "tau: mean accepted tokens per step."))
     return out
 
 

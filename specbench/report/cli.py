@@ -1,0 +1,63 @@
+"""Tables and plots from finished runs: `python -m specbench.report DIR [DIR ...] [--out DIR] [--baseline METHOD]`.
+
+Finds every run dir (one holding summary.json) under the given dirs and writes to --out
+(default `<first dir>/report/`):
+
+  tables.md, tables.tex  the tables of tables.py (and leaderboard.py for task=spec_bench runs)
+  *.png                  the plots of plots.py (only those with data; each skipped plot is named
+                         with the reason)
+
+Runs are grouped into settings and systems, and repeats pooled, as groups.py describes; nothing
+incompatible is ever averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specbench.errors import SpecBenchError
+from specbench.report.groups import build_groups, group_frame
+from specbench.report.leaderboard import leaderboard_tables
+from specbench.report.load import find_runs
+from specbench.report.plots import plot_all
+from specbench.report.tables import LATEX, MARKDOWN, make_tables, render
+
+
+def report(dirs, out=None, baseline: str | None = None) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    dirs = [Path(d) for d in dirs]
+    runs = find_runs(dirs)
+    groups = build_groups(runs)
+    labels = {r.path: g.label for g in groups for r in g.runs}
+    if baseline not in (None, "ar") and not any(baseline in (g.label, g.first.method, g.label.split(" (")[0]) for g in groups):
+        raise SpecBenchError(f"--baseline {baseline!r} matches no run; systems: " + ", ".join(sorted({g.label for g in groups})))
+    df = group_frame(groups, baseline)
+    out = Path(out) if out else dirs[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    tables = make_tables(df, baseline) + leaderboard_tables(df)
+    (out / "tables.md").write_text(render(tables, runs, MARKDOWN))
+    (out / "tables.tex").write_text(render(tables, runs, LATEX))
+    written = plot_all(df, out, labels)
+    print(f"report: {len(runs)} runs in {len(groups)} systems -> {out} (tables.md, tables.tex, {len(written)} plots)")
+    return {"out": out, "runs": runs, "groups": groups, "frame": df, "tables": tables, "plots": written}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m specbench.report", description=__doc__.split("\n")[0])
+    p.add_argument("dirs", nargs="+", help="results dirs searched recursively for run dirs (holding summary.json)")
+    p.add_argument("--out", default=None, help="output dir (default: <first dir>/report)")
+    p.add_argument("--baseline", default=None,
+                   help="method (or system label) to test the others against, paired per sample; default: each run's own AR")
+    a = p.parse_args(argv)
+    try:
+        report(a.dirs, a.out, a.baseline)
+    except SpecBenchError as e:
+        print(f"specbench: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    except OSError as e:  # e.g. a read-only output dir
+        print(f"specbench: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        raise SystemExit(2)
