@@ -31,6 +31,7 @@ def train(cfg) -> dict:
     from specbench.models import load_model
     from specbench.train.data import build_sequences
     import specbench.train.medusa_space  # noqa: F401 - registers the medusa and space trainers
+    import specbench.train.medusa2  # noqa: F401 - registers the Medusa-2 trainer (method.variant=medusa2)
     from specbench.train.trainers import TRAINERS
 
     if cfg.method.name not in TRAINERS:
