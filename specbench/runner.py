@@ -26,6 +26,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
+from specbench.metrics.acceptance import prefix_agreement
 from specbench.metrics.costmodel import interp_cost
 from specbench.models import ModelAdapter, load_model
 from specbench.rundir import RunDir
@@ -134,6 +135,8 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
     rec = {"id": sample.id, "index": index, "category": sample.category, "ar": a, "method": m}
     if "base" in results:
         rec["base"] = {k: results["base"][k] for k in ("new_tokens", "wall", "tokens_per_s", "quality", "text")}
+        # how far the original weights' output follows the fine-tuned AR's (the behaviour the fine-tuning changed)
+        rec["base"]["agree_tokens"], rec["base"]["agree_of"] = prefix_agreement(a["tokens"], results["base"]["tokens"])
     rec["matches_ar"] = a["tokens"] == m["tokens"]
     rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
     if costs and m.get("acceptance") and "draft" in m["times"]:  # timing=coarse: no draft time
@@ -168,6 +171,9 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
             "time_share": {k: v / wall for k, v in times.items() if k != "wall"} if wall else {},
             "quality": {k: statistics.fmean(v) for k, v in q.items()},
         }
+    if "base" in out:
+        of = sum(r["base"].get("agree_of", 0) for r in records)
+        out["base"]["agreement"] = sum(r["base"].get("agree_tokens", 0) for r in records) / of if of else None
     m = out["method"]
     out["speedup"] = m["tokens_per_s"] / out["ar"]["tokens_per_s"] if out["ar"]["tokens_per_s"] else None
     per = [r["speedup"] for r in records if r.get("speedup")]
@@ -214,6 +220,9 @@ def print_summary(s: dict, meta: dict) -> str:
         for name, d in systems:
             qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
             lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
+        if "base" in s:
+            lines.append(f"AR base = original weights; its output follows AR's (fine-tuned) for {_fmt(s['base'].get('agreement'))}"
+                         " of AR's tokens (common prefix)")
         lines.append(
             f"speedup {_fmt(s['speedup'], '.3f')}x (per-sample mean {_fmt(s['speedup_per_sample_mean'], '.3f')}"
             f" ± {_fmt(s['speedup_per_sample_std'], '.3f')})   predicted {_fmt(s.get('predicted_speedup'), '.3f')}x"

@@ -4,13 +4,17 @@ losses, the heads warm-up leaves the backbone untouched, a checkpoint reloads id
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+import specbench.runner as runner
 
 import specbench.train.medusa2  # noqa: F401 - registers the Medusa-2 trainer
 from specbench.errors import SpecBenchError
+from specbench.metrics.acceptance import prefix_agreement
 from specbench.train.checkpoints import load_checkpoint
 from specbench.train.trainers import TRAINERS
-from tests.helpers import ar_tokens, build, method_cfg, tiny_model
+from tests.helpers import CONF, ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import tiny_sequences, train_cfg
 
 prompts = st.lists(st.integers(3, 258), min_size=1, max_size=12)
@@ -104,3 +108,41 @@ def test_untrained_and_bad_variant(tmp_path, monkeypatch):
     with pytest.raises(SpecBenchError, match="allowed: medusa1, medusa2"):
         build("medusa", target, method_cfg("medusa", variant="medusa3", allow_untrained=True))
     assert load_checkpoint("medusa2", target.key, {"variant": "medusa2"}, required=False) is None
+
+
+def test_lora_trains_merges_and_stays_greedy_equal(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    target = tiny_model()
+    mcfg = MCFG | {"lora": True, "lora_r": 4, "lora_alpha": 8, "lr": 3e-3, "warmup_epochs": 1}
+    res = TRAINERS["medusa2"](target, train_cfg(mcfg, epochs=2, labels="target"), tiny_sequences())
+    assert res["held_out_after"]["medusa"] < res["held_out_before"]["medusa"]
+    m = build("medusa", target, OmegaConf.create(mcfg))
+    assert m.info["heads_trained"] and m.info["lora"]
+    q = m.finetuned_adapter.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q, torch.nn.Linear) and not torch.equal(q.weight, target.model.model.layers[0].self_attn.q_proj.weight)
+    prompt = [5, 6, 7, 8]
+    assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 16)
+
+
+def test_prefix_agreement():
+    assert prefix_agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]) == (4, 6)  # no credit after a difference
+    assert prefix_agreement([[1, 2]], [[1]]) == (1, 2)
+
+
+def test_run_reports_base_weights_and_agreement(trained, tmp_path, data_dir):
+    """The runner's AR runs on the fine-tuned weights (lossless), the "AR base" row on the
+    original ones, and the record says how far the original's output follows the fine-tuned AR's."""
+    over = [f"{k}={v}" for k, v in MCFG.items() if k not in ("name", "sizes")]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny-llama", "method=medusa", "task=gsm8k", "task.num_samples=2",
+                                           f"task.data_dir={data_dir}", "max_new_tokens=16", "profile.enabled=false",
+                                           "warmup_tokens=2", f"run_dir={tmp_path / 'run'}", "progress=false",
+                                           "threads=1", "method.sizes=[2,2,1]"] + [f"method.{o}" for o in over])
+    grad = torch.is_grad_enabled()
+    try:
+        s = runner.run(cfg)
+    finally:
+        torch.set_grad_enabled(grad)
+    assert s["matches_ar"] == 2 and s["meta"]["baseline_weights"] == "fine-tuned"
+    assert "base" in s and 0 <= s["base"]["agreement"] < 1  # the trained backbone changed some greedy choice
