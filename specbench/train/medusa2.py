@@ -97,7 +97,8 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     for p in ft.model.parameters():
         p.requires_grad_(False)
     peft_model = _apply_lora(ft, structure) if structure["lora"] else None
-    bb_params = [p for p in (peft_model or ft.model).parameters() if p.requires_grad or peft_model is None]
+    # LoRA: only the adapters (get_peft_model marks them trainable); else the whole copy
+    bb_params = list(ft.model.parameters()) if peft_model is None else [p for p in peft_model.parameters() if p.requires_grad]
     for p in bb_params:
         p.requires_grad_(False)  # frozen until the joint stage
     heads = MedusaHeads(ft, structure["num_heads"], structure["share_head"])
