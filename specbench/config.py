@@ -201,6 +201,8 @@ def _task(cfg):
 
 
 def _method(cfg):
+    if _get(cfg, "method.name") == "medusa" and _get(cfg, "method.variant") not in (ABSENT, "medusa1", "medusa2"):
+        raise _bad("method.variant", _get(cfg, "method.variant"), "one of medusa1, medusa2")
     if _get(cfg, "method.name") == "pld":
         lo = _int(cfg, "method.min_ngram", 1)
         hi = _int(cfg, "method.max_ngram", 1)

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from specbench.config import CONF_DIR
 from specbench.artifacts import checkpoint_meta, checkpoint_path, skip_result_path, trained_summary
 from specbench.errors import SpecBenchError
+from specbench.methods.medusa import medusa2_structure
 from specbench.methods.self_sd import model_key
 from specbench.methods.space import space_structure
 from specbench.methods.vanilla_sd import draft_num_layers
@@ -109,9 +110,16 @@ def skip_search_parts(cfg, target):
     return [Part("the Self-SD skip set (Bayesian-optimisation search)", path, run, minutes, "skip_search")]
 
 
+def medusa_parts(cfg, target):
+    if cfg.method.get("variant", "medusa1") == "medusa2":  # the medusa trainer hands medusa2 to its own trainer
+        return checkpoint_part("the Medusa-2 backbone + heads (joint training)", "medusa2", medusa2_structure, "medusa")(cfg, target)
+    return checkpoint_part("the Medusa heads", "medusa",
+                           lambda m: {"num_heads": int(m.num_heads), "share_head": bool(m.share_head)})(cfg, target)
+
+
 FIRST_USE: dict[str, Callable] = {
     "eesd": eesd_parts,
-    "medusa": checkpoint_part("the Medusa heads", "medusa", lambda m: {"num_heads": int(m.num_heads), "share_head": bool(m.share_head)}),
+    "medusa": medusa_parts,
     "space": checkpoint_part("the SPACE SAR-SFT weights", "space", space_structure),
     "vanilla_sd": draft_parts,
     "hf_assisted": draft_parts,

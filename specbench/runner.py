@@ -27,6 +27,7 @@ from specbench.interference import StepHistory, run_checked
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
+from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
 from specbench.models.backends import check_backend
 from specbench.profiling import profile_forward
@@ -122,6 +123,8 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
     rec = {"id": sample.id, "index": index, "category": sample.category, "ar": a, "method": m}
     if "base" in results:
         rec["base"] = {k: results["base"][k] for k in ("new_tokens", "wall", "tokens_per_s", "quality", "text")}
+        # how far the original weights' output follows the fine-tuned AR's (the behaviour the fine-tuning changed)
+        rec["base"]["agree_tokens"], rec["base"]["agree_of"] = prefix_agreement(a["tokens"], results["base"]["tokens"])
     rec["matches_ar"] = a["tokens"] == m["tokens"]
     rec["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] and m["tokens_per_s"] else None
     if costs and m.get("acceptance") and "draft" in m["times"]:  # timing=coarse: no draft time

@@ -83,6 +83,9 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
     for key in ("ar", "method", "base"):
         if key != "base" or all("base" in r for r in records):
             out[key] = _system(records, key)
+    if "base" in out:
+        of = sum(r["base"].get("agree_of", 0) for r in records)
+        out["base"]["agreement"] = sum(r["base"].get("agree_tokens", 0) for r in records) / of if of else None
     m = out["method"]
     out["speedup"] = m["tokens_per_s"] / out["ar"]["tokens_per_s"] if out["ar"]["tokens_per_s"] else None
     per = [r["speedup"] for r in records if r.get("speedup")]
@@ -170,6 +173,9 @@ def print_summary(s: dict, meta: dict) -> str:
         for name, d in systems:
             qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
             lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
+        if "base" in s:
+            lines.append(f"AR base = original weights; its output follows AR's (fine-tuned) for {_fmt(s['base'].get('agreement'))}"
+                         " of AR's tokens (common prefix)")
         lines += _measurement_lines(s, meta)
         acc = s.get("acceptance")
         if acc:

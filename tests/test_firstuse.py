@@ -200,3 +200,16 @@ def test_every_registered_method_is_covered_here():
     from specbench.methods.base import METHODS as REGISTERED
 
     assert sorted(REGISTERED) == sorted(METHODS)
+
+
+def test_medusa2_trains_on_first_use(tmp_path, data_dir, monkeypatch):
+    """method.variant=medusa2 is its own trained part (backbone + heads): trained once, then lossless
+    with respect to the fine-tuned weights, with the original weights' row beside it."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = cfg_for(tmp_path, data_dir, "method=medusa", "method.variant=medusa2", "task=gsm8k")
+    target = load_model(cfg.model)
+    assert [p.path.parent.name for p in firstuse.missing_parts(cfg, target)] == ["medusa2"]
+    s = runner.run(cfg, target)
+    assert not firstuse.missing_parts(cfg, target)
+    assert s["samples"] == 2 and s["matches_ar"] == 2 and "base" in s
+    assert s["meta"]["method_settings"]["heads_trained"] is True

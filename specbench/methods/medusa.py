@@ -17,6 +17,10 @@ rejection sampling otherwise (engine/tree.py); `typical` = the paper's typical a
 
 StepResult.n_drafted is the tree's depth (the longest candidate a step can accept), so the
 acceptance rate is accepted / depth.
+
+`variant: medusa2` (train/medusa2.py): the backbone was fine-tuned jointly with the heads, so
+decoding runs on a fine-tuned copy (`finetuned_adapter`, `baseline_weights = "fine-tuned"`, as
+SPACE): lossless with respect to that copy, and the runner also decodes with the original weights.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from specbench.engine.sampling import next_token
 from specbench.engine.tree import TokenTree, verify_tree_sampling, verify_tree_typical
 from specbench.errors import SpecBenchError
 from specbench.methods.base import Method, StepResult, register_method
+from specbench.methods.space import finetuned_copy
 from specbench.models import ModelAdapter, published
 
 TRAIN_CMD = "python -m specbench.train method=medusa model={model} method.num_heads={k} method.share_head={share}"
+VARIANTS = ("medusa1", "medusa2")
 
 
 class ResBlock(nn.Module):
@@ -95,6 +101,41 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
     return apply_checkpoint(heads, ckpt, target, info), info
 
 
+def medusa2_structure(cfg) -> dict:
+    """What a Medusa-2 checkpoint is keyed by (training settings such as lambda0 are recorded, not keyed)."""
+    s = {"variant": "medusa2", "num_heads": int(cfg.get("num_heads", 4)), "share_head": bool(cfg.get("share_head", False)),
+         "lora": bool(cfg.get("lora", False))}
+    if s["lora"]:
+        s |= {"lora_r": int(cfg.get("lora_r", 32)), "lora_alpha": int(cfg.get("lora_alpha", 16))}
+    return s
+
+
+def load_medusa2(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MedusaHeads, dict]:
+    """The jointly trained backbone (a copy; `target` stays the original) and its heads."""
+    structure = medusa2_structure(cfg)
+    where = cfg.get("checkpoint", "auto")
+    allow = bool(cfg.get("allow_untrained", False))
+    ckpt = load_checkpoint("medusa2", target.key, structure, where, required=where != "auto" and not allow,
+                           model_name=target.name)
+    if ckpt is None and not allow:
+        raise SpecBenchError(
+            f"no jointly trained Medusa-2 weights for model {target.name} ({structure}); train them with `"
+            + TRAIN_CMD.format(model=target.name, k=structure["num_heads"], share=str(structure["share_head"]).lower())
+            + " method.variant=medusa2` or set method.allow_untrained=true"
+        )
+    ft = finetuned_copy(target, "medusa2" if ckpt is not None else "medusa2-untrained", structure)
+    if ckpt is not None:
+        ft.model.load_state_dict(ckpt["state"]["model"])
+    ft.model.to(device=target.device, dtype=target.dtype).eval()
+    for p in ft.model.parameters():
+        p.requires_grad_(False)
+    heads = MedusaHeads(ft, structure["num_heads"], structure["share_head"])  # share_head: the fine-tuned head
+    info = {"variant": "medusa2", "num_heads": heads.num_heads, "share_head": heads.share_head, "lora": structure["lora"],
+            "heads_trained": ckpt is not None}
+    heads_ckpt = None if ckpt is None else {"state": ckpt["state"]["heads"], "path": ckpt["path"], "settings": ckpt.get("settings")}
+    return ft, apply_checkpoint(heads, heads_ckpt, ft, info), info
+
+
 def build_tree(cfg, num_heads: int, settings: dict | None, published_tree: list | None = None) -> TokenTree:
     """An explicit `tree` (paths, a JSON file of paths or the name of a tree in an installed Medusa),
     dense `sizes`, or `tree_from_accuracies` (the paper's default: a sparse tree from the trained
@@ -136,8 +177,16 @@ class Medusa(Method):
     needs_training = "medusa heads"
 
     def __init__(self, target, cfg, sampling, ctx=None):
+        variant = str(cfg.get("variant", "medusa1"))
+        if variant not in VARIANTS:
+            raise SpecBenchError(f"unknown medusa variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+        if variant == "medusa2":
+            ft, self.heads, self.info = load_medusa2(target, cfg)
+            self.baseline_weights, self.finetuned_adapter, self.base_target = "fine-tuned", ft, target
+            target = ft
         super().__init__(target, cfg, sampling, ctx)
-        self.heads, self.info = load_heads(target, cfg)
+        if variant == "medusa1":
+            self.heads, self.info = load_heads(target, cfg)
         default_tree = None
         if self.info.get("published") and not cfg.get("tree"):
             # published heads store no accuracies: decode with the authors' tree, as their medusa_generate
@@ -163,6 +212,8 @@ class Medusa(Method):
 
     def describe(self) -> dict:
         d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
+        if hasattr(self, "finetuned_adapter"):
+            d["baseline_weights"] = self.baseline_weights
         d |= {"tree_nodes": len(self.tree) - 1, "tree_depth": self.tree.max_depth, "acceptance": self.acceptance}
         if self.acceptance == "typical":
             d |= {"epsilon": self.epsilon, "delta": self.delta}

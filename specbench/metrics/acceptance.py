@@ -52,3 +52,16 @@ def position_acceptance(steps: list[tuple[int, int, int]]) -> tuple[list[int], l
             if j < kept:
                 accepted[j] += 1
     return drafted, accepted
+
+
+def prefix_agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[int, int]:
+    """(tokens, reference tokens): how many of the reference's tokens the other outputs reproduce
+    before their first difference, summed over generations (under greedy, after the first
+    difference the two texts are no longer aligned, so later matches mean nothing)."""
+    same = 0
+    for ref, out in zip(reference, other):
+        for a, b in zip(ref, out):
+            if a != b:
+                break
+            same += 1
+    return same, sum(len(r) for r in reference)

@@ -24,6 +24,7 @@ from specbench.methods.medusa import MedusaHeads
 from specbench.methods.space import MASK, MaskedEmbed, finetuned_copy, space_structure
 from specbench.models import ModelAdapter
 from specbench.train.trainers import (
+    TRAINERS,
     _loop,
     _pad,
     _pad_id,
@@ -57,9 +58,15 @@ def _agree(logits, labels) -> tuple[int, int]:
 def medusa_loss(target: ModelAdapter, heads, ids, labels, decay: float = 0.8):
     """(loss, (right, counted) top-1 agreement of head 1). labels[p] is what position p should
     predict (text token p+1 or the target's greedy choice), so head k at p learns labels[p+k]."""
-    agree = (0, 0)
     with torch.no_grad():  # frozen backbone (Medusa-1)
         h = target.norm(target.run_layers(target.embed(ids), None))
+    return heads_loss(heads, h, ids, labels, decay)
+
+
+def heads_loss(heads, h, ids, labels, decay: float = 0.8):
+    """sum_k decay^k CE(head_k(h_p), labels[p+k]) over the final-norm hidden states h [B, T, d]
+    (shared by Medusa-1, where h carries no graph, and Medusa-2, where it does)."""
+    agree = (0, 0)
     total = 0.0
     T = ids.shape[1]
     for k in range(1, heads.num_heads + 1):
@@ -101,6 +108,8 @@ def medusa_accuracy(target, heads, sequences, tcfg, pad_id, ranks: int = 10, lim
 def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
 
     mcfg, tcfg = cfg.method, cfg.train
+    if mcfg.get("variant", "medusa1") == "medusa2":  # registered by specbench.train.medusa2 (it imports this module)
+        return TRAINERS["medusa2"](target, cfg, sequences)
     heads = MedusaHeads(target, int(mcfg.get("num_heads", 4)), bool(mcfg.get("share_head", False)))
     for p in heads.parameters():
         p.requires_grad_(True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import specbench.train.eagle  # noqa: F401 - registers the eagle trainer
+import specbench.train.medusa2  # noqa: F401 - registers the Medusa-2 trainer (method.variant=medusa2)
 import specbench.train.medusa_space  # noqa: F401 - registers the medusa and space trainers
 from specbench.train.data import build_sequences
 from specbench.train.trainers import TRAINERS

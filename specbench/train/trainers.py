@@ -66,9 +66,10 @@ def _pad(batch, max_len, pad_id, device):
     return ids.to(device), labels.to(device)
 
 
-def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device):
-    """Shared optimisation loop: AdamW, time budget, progress bar, loss log."""
-    opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
+def _loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=None):
+    """Shared optimisation loop: AdamW, time budget, progress bar, loss log. `groups`: AdamW
+    parameter groups with their own lr (Medusa-2's differential rates); default one group."""
+    opt = torch.optim.AdamW(groups or [p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
     rng = random.Random(int(tcfg.seed))
     deadline = time.monotonic() + 60 * float(tcfg.max_minutes)
     log, step, labelled = [], 0, 0

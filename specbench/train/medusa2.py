@@ -1,0 +1,169 @@
+"""Medusa-2 (Cai et al. 2024, 3.2.2 and 3.3.2): the backbone fine-tuned jointly with the heads.
+
+Loss L = L_LM + lambda0 * L_Medusa-1 (`heads_loss`, the Medusa-1 loss, now with a graph through
+the backbone). With self-distilled data (`lm_loss: kl`, the default) L_LM is
+KL(p_original || p_fine-tuned) on the loss region, so the backbone keeps its behaviour; `lm_loss:
+ce` is the paper's cross-entropy on the labels (SFT data). The original model is the runner's
+target itself (never modified); the paper gets it by turning the LoRA adapter off to save memory,
+which on the models here is not needed and gives the same distribution.
+
+Stages: warm-up (`warmup_epochs`) then joint training (`train.epochs`), the time budget
+`train.max_minutes` shared in proportion to the epochs. Differential learning rates: the heads'
+rate is `heads_lr_ratio` x the backbone's (`method.lr`, else `train.lr`).
+
+The paper's warm-up text contradicts itself: "In the first stage, we only train the backbone
+model as MEDUSA-1 ... we first train the backbone model for a few epochs, then train the MEDUSA
+heads together with the backbone". Medusa-1 is the frozen-backbone recipe and the cited idea
+(Kumar et al. 2022, linear probing then fine-tuning) trains the new heads first, and the stated
+reason (large head losses distort the backbone) only makes sense that way round: `warmup: heads`
+(default) trains the heads on the Medusa-1 loss with the backbone frozen (no graph through it).
+`warmup: backbone` is the literal reading: the backbone alone on L_LM, heads untouched. The
+paper's alternative (lambda0 ramped up with a sine schedule) is not implemented.
+
+LoRA (`lora: true`, peft, on the layers' linear maps as SPACE does) is merged into the weights
+before saving. The checkpoint (kind `medusa2`) stores the full fine-tuned model state and the
+heads' state, keyed by `methods.medusa.medusa2_structure`.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+from torch.nn import functional as F
+
+from specbench.errors import SpecBenchError
+from specbench.methods.medusa import MedusaHeads, medusa2_structure
+from specbench.methods.space import finetuned_copy
+from specbench.models import ModelAdapter
+from specbench.artifacts import save_checkpoint
+from specbench.train.medusa_space import _apply_lora, heads_loss, medusa_accuracy, with_labels
+from specbench.train.trainers import _loop, _pad, _pad_id, _settings, _split, _write_log, trainer
+
+
+def lm_loss(logits, ref_logits, labels, mode: str = "kl") -> torch.Tensor:
+    """L_LM on the labelled positions: KL(p_original || p) or cross-entropy on the labels."""
+    keep = labels != -100
+    if not keep.any():
+        return logits.sum() * 0.0
+    if mode == "kl":
+        logp, logq = F.log_softmax(logits[keep].float(), -1), F.log_softmax(ref_logits[keep].float(), -1)
+        return F.kl_div(logp, logq, log_target=True, reduction="batchmean")  # sum q (log q - log p), per position
+    return F.cross_entropy(logits[keep].float(), labels[keep])
+
+
+def loss_parts(ft: ModelAdapter, original: ModelAdapter, heads, ids, labels, mode: str, decay: float, backbone: bool):
+    """(L_LM, L_Medusa-1, head-1 agreement, backbone agreement with the original). `backbone`:
+    False keeps the backbone out of the graph (heads warm-up) and skips L_LM."""
+    with torch.set_grad_enabled(backbone and torch.is_grad_enabled()):
+        h = ft.norm(ft.run_layers(ft.embed(ids), None))
+    med, agree = heads_loss(heads, h, ids, labels, decay)
+    if not backbone:
+        return None, med, agree, (0, 0)
+    logits = ft.lm_head(h)
+    with torch.no_grad():
+        ref = original.lm_head(original.norm(original.run_layers(original.embed(ids), None)))
+    keep = labels != -100
+    same = (int((logits[keep].argmax(-1) == ref[keep].argmax(-1)).sum()), int(keep.sum()))
+    return lm_loss(logits, ref, labels, mode), med, agree, same
+
+
+@torch.no_grad()
+def held_out(parts, sequences, tcfg, pad_id, device, limit: int = 64) -> dict:
+    lm, med, n, same, counted = 0.0, 0.0, 0, 0, 0
+    for s in sequences[:limit]:
+        a, b, _, (r, t) = parts(*_pad([s], int(tcfg.max_len), pad_id, device), True)
+        lm, med, n, same, counted = lm + float(a), med + float(b), n + 1, same + r, counted + t
+    n = max(1, n)
+    return {"lm": lm / n, "medusa": med / n, "backbone_agreement": same / max(1, counted)}
+
+
+def _stage_cfg(tcfg, epochs: int, share: float, lr: float):
+    return OmegaConf.merge(tcfg, {"epochs": int(epochs), "max_minutes": float(tcfg.max_minutes) * share, "lr": lr})
+
+
+@trainer("medusa2")
+def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
+    mcfg, tcfg = cfg.method, cfg.train
+    structure = medusa2_structure(mcfg)
+    mode, warmup = str(mcfg.get("lm_loss", "kl")), str(mcfg.get("warmup", "heads"))
+    if mode not in ("kl", "ce"):
+        raise SpecBenchError(f"unknown medusa lm_loss {mode!r}; allowed: ce, kl")
+    if warmup not in ("heads", "backbone"):
+        raise SpecBenchError(f"unknown medusa warmup {warmup!r}; allowed: backbone, heads")
+    lam0, decay = float(mcfg.get("lambda0", 0.01)), float(mcfg.get("loss_decay", 0.8))
+    lr_bb = float(mcfg.get("lr") or tcfg.lr)
+    lr_heads = lr_bb * float(mcfg.get("heads_lr_ratio", 4.0))
+    ft = finetuned_copy(target, "medusa2-training", structure)
+    for p in ft.model.parameters():
+        p.requires_grad_(False)
+    peft_model = _apply_lora(ft, structure) if structure["lora"] else None
+    # LoRA: only the adapters (get_peft_model marks them trainable); else the whole copy
+    bb_params = list(ft.model.parameters()) if peft_model is None else [p for p in peft_model.parameters() if p.requires_grad]
+    for p in bb_params:
+        p.requires_grad_(False)  # frozen until the joint stage
+    heads = MedusaHeads(ft, structure["num_heads"], structure["share_head"])
+    head_params = list(heads.parameters())
+    for p in head_params:
+        p.requires_grad_(True)
+    heads.train()
+    train, held = _split(with_labels(target, sequences, tcfg), tcfg)
+    pad = _pad_id(target)
+
+    def parts(ids, labels, backbone):
+        return loss_parts(ft, target, heads, ids, labels, mode, decay, backbone)
+
+    def warm_loss(ids, labels):
+        if warmup == "heads":
+            _, med, agree, _ = parts(ids, labels, False)
+            return med, agree
+        lm, _, agree, _ = parts(ids, labels, True)
+        return lm, agree
+
+    def joint_loss(ids, labels):
+        lm, med, agree, _ = parts(ids, labels, True)
+        return lm + lam0 * med, agree
+
+    before = held_out(parts, held, tcfg, pad, target.device)
+    n_warm, n_joint = int(mcfg.get("warmup_epochs", 1)), int(tcfg.epochs)
+    total = max(1, n_warm + n_joint)
+    if warmup == "backbone":
+        for p in bb_params:
+            p.requires_grad_(True)
+        for p in head_params:
+            p.requires_grad_(False)
+    warm_params = head_params if warmup == "heads" else bb_params
+    warm_lr = lr_heads if warmup == "heads" else lr_bb
+    log, stopped = [], "epochs"
+    if n_warm:  # a stage with 0 epochs is skipped (warm-up only, or no warm-up); both 0 is refused below
+        log, stopped = _loop(f"medusa2 warm-up ({warmup})", warm_params, warm_loss, train,
+                             _stage_cfg(tcfg, n_warm, n_warm / total, warm_lr), pad, target.device)
+    for p in bb_params + head_params:
+        p.requires_grad_(True)
+    ft.model.train()
+    groups = [{"params": bb_params, "lr": lr_bb}, {"params": head_params, "lr": lr_heads}]
+    joint_log = []
+    if n_joint or not n_warm:  # with no stage at all _loop refuses the zero steps (nothing cached)
+        joint_log, stopped = _loop("medusa2 joint", bb_params + head_params, joint_loss, train,
+                                   _stage_cfg(tcfg, n_joint, n_joint / total, lr_bb), pad, target.device, groups)
+    log = [r | {"stage": "warm-up"} for r in log] + [r | {"stage": "joint", "step": r["step"] + len(log)} for r in joint_log]
+    for p in bb_params + head_params:
+        p.requires_grad_(False)
+    if peft_model is not None:
+        peft_model.merge_and_unload()
+    ft.model.eval()
+    heads.eval()
+    after = held_out(parts, held, tcfg, pad, target.device)
+    acc = medusa_accuracy(ft, heads, held, tcfg, pad)
+    settings = _settings(cfg, len(train), len(held), log, stopped, (before["medusa"], None), (after["medusa"], None))
+    settings |= {"head_accuracy": acc, "head_top1": [row[0] for row in acc], "lambda0": lam0, "lm_loss": mode,
+                 "warmup": warmup, "lr_backbone": lr_bb, "lr_heads": lr_heads,
+                 "held_out_before": before, "held_out_after": after}
+    state = {"model": {n: v.detach().cpu() for n, v in ft.model.state_dict().items()},
+             "heads": {k: v.detach().cpu() for k, v in heads.state_dict().items()}}
+    path = save_checkpoint("medusa2", target.key, structure, state, settings)
+    _write_log(path, log, settings)
+    print(f"medusa2: held-out L_LM ({mode}) {before['lm']:.4f} -> {after['lm']:.4f}, Medusa-1 loss "
+          f"{before['medusa']:.3f} -> {after['medusa']:.3f}, backbone top-1 agreement with the original "
+          f"{after['backbone_agreement']:.3f} ({stopped}); top-1 per head "
+          + ", ".join(f"{a[0]:.3f}" for a in acc) + f"; checkpoint {path}")
+    return {"medusa2": str(path), "held_out_before": before, "held_out_after": after, "head_top1": [a[0] for a in acc]}

@@ -1,0 +1,152 @@
+"""Medusa-2: greedy output equals AR on the jointly trained weights, the training lowers both
+losses, the heads warm-up leaves the backbone untouched, a checkpoint reloads identically."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import specbench.runner as runner
+
+import specbench.train.medusa2  # noqa: F401 - registers the Medusa-2 trainer
+from specbench.errors import SpecBenchError
+from specbench.metrics.acceptance import prefix_agreement
+from specbench.artifacts import load_checkpoint
+from specbench.train.trainers import TRAINERS
+from tests.helpers import CONF, ar_tokens, build, method_cfg, tiny_model
+from tests.test_medusa import tiny_sequences, train_cfg
+
+prompts = st.lists(st.integers(3, 258), min_size=1, max_size=12)
+MCFG = {"name": "medusa", "variant": "medusa2", "num_heads": 3, "share_head": False, "sizes": [2, 2, 1],
+        "lambda0": 0.2, "lm_loss": "kl", "heads_lr_ratio": 10.0, "lr": 3e-4, "warmup_epochs": 2, "warmup": "heads"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One short Medusa-2 training (through the Medusa trainer's variant dispatch), cached."""
+    cache = tmp_path_factory.mktemp("cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECBENCH_CACHE_DIR", str(cache))
+    torch.manual_seed(0)
+    target = tiny_model()
+    w0 = {k: v.clone() for k, v in target.model.state_dict().items()}
+    res = TRAINERS["medusa"](target, train_cfg(MCFG, epochs=4, labels="target"), tiny_sequences())
+    yield target, res, w0, cache
+    mp.undo()
+
+
+def test_training_lowers_medusa_loss_and_kl_term_holds_the_backbone(trained, tmp_path, monkeypatch):
+    target, res, w0, _ = trained
+    b, a = res["held_out_before"], res["held_out_after"]
+    assert a["medusa"] < 0.8 * b["medusa"]
+    assert b["lm"] == pytest.approx(0.0, abs=1e-9)  # the copy starts as the original: KL 0
+    for k, v in target.model.state_dict().items():  # the shared original is never trained
+        assert torch.equal(v, w0[k]), k
+    # the same run with the KL term drowned (lambda0 huge; AdamW ignores the loss scale) drifts
+    # much further from the original: the KL term is what keeps the backbone's behaviour
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    loose = TRAINERS["medusa2"](target, train_cfg(MCFG | {"lambda0": 1e4}, epochs=4, labels="target"), tiny_sequences())["held_out_after"]
+    assert a["lm"] < 0.5 * loose["lm"]
+    assert a["backbone_agreement"] > loose["backbone_agreement"]
+
+
+def test_ce_variant_lowers_both_losses(tmp_path, monkeypatch):
+    """With lm_loss=ce (SFT-style) L_LM starts above 0, and the joint stage lowers it and L_Medusa-1."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    res = TRAINERS["medusa2"](tiny_model(), train_cfg(MCFG | {"lm_loss": "ce"}, epochs=4), tiny_sequences())
+    b, a = res["held_out_before"], res["held_out_after"]
+    assert a["lm"] < b["lm"] and a["medusa"] < b["medusa"]
+
+
+def test_heads_warmup_freezes_the_backbone(tmp_path, monkeypatch):
+    """Warm-up only (no joint epoch): the saved backbone is bit-identical to the original, the heads moved."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    target = tiny_model()
+    res = TRAINERS["medusa2"](target, train_cfg(MCFG, epochs=0), tiny_sequences())
+    assert res["held_out_after"]["medusa"] < res["held_out_before"]["medusa"]
+    ft = build("medusa", target, OmegaConf.create(MCFG)).finetuned_adapter  # reloaded from the checkpoint
+    saved = ft.model.state_dict()
+    for k, v in target.model.state_dict().items():
+        assert torch.equal(saved[k], v), k
+
+
+def test_reload_identical_and_greedy_equals_finetuned_ar(trained, monkeypatch):
+    target, _, _, cache = trained
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))  # the module's trained weights
+    cfg = OmegaConf.create(MCFG)
+    a, b = build("medusa", target, cfg), build("medusa", target, cfg)
+    assert a.info["heads_trained"] and a.baseline_weights == "fine-tuned" and a.lossless
+    ft = a.finetuned_adapter
+    assert not torch.equal(ft.model.model.layers[0].mlp.up_proj.weight, target.model.model.layers[0].mlp.up_proj.weight)
+    for x, y in zip(ft.model.state_dict().values(), b.finetuned_adapter.model.state_dict().values()):
+        assert torch.equal(x, y)
+    for x, y in zip(a.heads.state_dict().values(), b.heads.state_dict().values()):
+        assert torch.equal(x, y)
+    prompt = tiny_sequences(1, seed=5)[0][0][:10]
+    ga = a.generate(prompt, 24, frozenset(), 0)
+    assert ga.tokens == b.generate(prompt, 24, frozenset(), 0).tokens
+    assert ga.tokens == ar_tokens(ft, prompt, 24)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(prompt=prompts, sizes=st.sampled_from([[2, 2, 1], [3, 1], [1, 1, 1]]))
+def test_greedy_equals_finetuned_ar(trained, prompt, sizes, monkeypatch):
+    target, _, _, cache = trained
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))  # the module's trained weights
+    m = build("medusa", target, OmegaConf.create(MCFG | {"sizes": sizes}))
+    assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 16)
+
+
+def test_untrained_and_bad_variant(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    target = tiny_model()
+    with pytest.raises(SpecBenchError, match="method.variant=medusa2"):
+        build("medusa", target, method_cfg("medusa", variant="medusa2"))
+    m = build("medusa", target, method_cfg("medusa", variant="medusa2", allow_untrained=True))
+    assert m.generate([5, 6, 7], 12, frozenset(), 0).tokens == ar_tokens(target, [5, 6, 7], 12)
+    with pytest.raises(SpecBenchError, match="allowed: medusa1, medusa2"):
+        build("medusa", target, method_cfg("medusa", variant="medusa3", allow_untrained=True))
+    assert load_checkpoint("medusa2", target.key, {"variant": "medusa2"}, required=False) is None
+
+
+def test_lora_trains_merges_and_stays_greedy_equal(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    target = tiny_model()
+    mcfg = MCFG | {"lora": True, "lora_r": 4, "lora_alpha": 8, "lr": 3e-3, "warmup_epochs": 1}
+    res = TRAINERS["medusa2"](target, train_cfg(mcfg, epochs=2, labels="target"), tiny_sequences())
+    assert res["held_out_after"]["medusa"] < res["held_out_before"]["medusa"]
+    m = build("medusa", target, OmegaConf.create(mcfg))
+    assert m.info["heads_trained"] and m.info["lora"]
+    q = m.finetuned_adapter.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q, torch.nn.Linear) and not torch.equal(q.weight, target.model.model.layers[0].self_attn.q_proj.weight)
+    prompt = [5, 6, 7, 8]
+    assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 16)
+
+
+def test_prefix_agreement():
+    assert prefix_agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]) == (4, 6)  # no credit after a difference
+    assert prefix_agreement([[1, 2]], [[1]]) == (1, 2)
+
+
+def test_run_reports_base_weights_and_agreement(trained, tmp_path, data_dir, monkeypatch):
+    """The runner's AR runs on the fine-tuned weights (lossless), the "AR base" row on the
+    original ones, and the record says how far the original's output follows the fine-tuned AR's."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(trained[3]))  # the module's trained weights
+    over = [f"{k}={v}" for k, v in MCFG.items() if k not in ("name", "sizes")]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny-llama", "method=medusa", "task=gsm8k", "task.num_samples=2",
+                                           f"task.data_dir={data_dir}", "max_new_tokens=16", "profile.enabled=false",
+                                           "warmup_tokens=2", f"run_dir={tmp_path / 'run'}", "progress=false",
+                                           "threads=1", "method.sizes=[2,2,1]", "method.tree_from_accuracies=null"] + [f"method.{o}" for o in over])
+    grad = torch.is_grad_enabled()
+    try:
+        s = runner.run(cfg)
+    finally:
+        torch.set_grad_enabled(grad)
+    assert s["matches_ar"] == 2 and s["meta"]["baseline_weights"] == "fine-tuned"
+    assert "base" in s and 0 <= s["base"]["agreement"] < 1  # the trained backbone changed some greedy choice
