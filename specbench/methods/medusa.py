@@ -33,7 +33,7 @@ from specbench.engine.sampling import next_token
 from specbench.engine.tree import TokenTree, verify_tree_sampling, verify_tree_typical
 from specbench.errors import SpecBenchError
 from specbench.methods.base import Method, StepResult, register_method
-from specbench.methods.space import finetuned_copy
+from specbench.methods.space import load_finetuned
 from specbench.models import ModelAdapter, published
 
 TRAIN_CMD = "python -m specbench.train method=medusa model={model} method.num_heads={k} method.share_head={share}"
@@ -113,22 +113,11 @@ def medusa2_structure(cfg) -> dict:
 def load_medusa2(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MedusaHeads, dict]:
     """The jointly trained backbone (a copy; `target` stays the original) and its heads."""
     structure = medusa2_structure(cfg)
-    where = cfg.get("checkpoint", "auto")
-    allow = bool(cfg.get("allow_untrained", False))
-    ckpt = load_checkpoint("medusa2", target.key, structure, where, required=where != "auto" and not allow,
-                           model_name=target.name)
-    if ckpt is None and not allow:
-        raise SpecBenchError(
-            f"no jointly trained Medusa-2 weights for model {target.name} ({structure}); train them with `"
-            + TRAIN_CMD.format(model=target.name, k=structure["num_heads"], share=str(structure["share_head"]).lower())
-            + " method.variant=medusa2` or set method.allow_untrained=true"
-        )
-    ft = finetuned_copy(target, "medusa2" if ckpt is not None else "medusa2-untrained", structure)
-    if ckpt is not None:
-        ft.model.load_state_dict(ckpt["state"]["model"])
-    ft.model.to(device=target.device, dtype=target.dtype).eval()
-    for p in ft.model.parameters():
-        p.requires_grad_(False)
+    ft, ckpt = load_finetuned(
+        target, "medusa2", structure, cfg,
+        f"no jointly trained Medusa-2 weights for model {target.name} ({structure}); train them with `"
+        + TRAIN_CMD.format(model=target.name, k=structure["num_heads"], share=str(structure["share_head"]).lower())
+        + " method.variant=medusa2` or set method.allow_untrained=true")
     heads = MedusaHeads(ft, structure["num_heads"], structure["share_head"])  # share_head: the fine-tuned head
     info = {"variant": "medusa2", "num_heads": heads.num_heads, "share_head": heads.share_head, "lora": structure["lora"],
             "heads_trained": ckpt is not None}

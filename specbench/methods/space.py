@@ -77,29 +77,36 @@ def finetuned_copy(target: ModelAdapter, suffix: str, structure: dict) -> ModelA
     return adapter
 
 
-def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, dict]:
-    structure = space_structure(cfg)
+def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missing: str) -> tuple[ModelAdapter, dict | None]:
+    """A frozen fine-tuned copy of `target` from checkpoint `kind` (SPACE, Medusa-2) and the
+    checkpoint (None when untrained and allowed); `missing` is the error when there is none."""
     where = cfg.get("checkpoint", "auto")
     allow = bool(cfg.get("allow_untrained", False))
-    ckpt = load_checkpoint("space", target.key, structure, where, required=where != "auto" and not allow,
+    ckpt = load_checkpoint(kind, target.key, structure, where, required=where != "auto" and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:
-        raise SpecBenchError(
-            f"no SAR-SFT fine-tuned SPACE weights for model {target.name} ({structure}); train them with `"
-            + TRAIN_CMD.format(model=target.name, k=structure["k"]) + "` or set method.allow_untrained=true"
-        )
-    ft = finetuned_copy(target, "space" if ckpt is not None else "space-untrained", structure)
+        raise SpecBenchError(missing)
+    ft = finetuned_copy(target, kind if ckpt is not None else f"{kind}-untrained", structure)
+    if ckpt is not None:
+        ft.model.load_state_dict(ckpt["state"]["model"])
+    ft.model.to(device=target.device, dtype=target.dtype).eval()
+    for p in ft.model.parameters():
+        p.requires_grad_(False)
+    return ft, ckpt
+
+
+def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, dict]:
+    structure = space_structure(cfg)
+    ft, ckpt = load_finetuned(target, "space", structure, cfg,
+                              f"no SAR-SFT fine-tuned SPACE weights for model {target.name} ({structure}); train them with `"
+                              + TRAIN_CMD.format(model=target.name, k=structure["k"]) + "` or set method.allow_untrained=true")
     mask = MaskedEmbed(target, int(cfg.get("seed", 0)))
     info = {"k": structure["k"], "lora": structure["lora"], "space_trained": ckpt is not None}
     if ckpt is not None:
-        ft.model.load_state_dict(ckpt["state"]["model"])
         mask.vector.data.copy_(ckpt["state"]["mask_embedding"].to(mask.vector.dtype))
         info["checkpoint"] = ckpt["path"]
         info["train_settings"] = ckpt.get("settings")
         info["trained"] = trained_summary(ckpt.get("settings"))
-    ft.model.to(device=target.device, dtype=target.dtype).eval()
-    for p in ft.model.parameters():
-        p.requires_grad_(False)
     mask.to(device=target.device, dtype=target.dtype)
     mask.vector.requires_grad_(False)
     return ft, mask, info
