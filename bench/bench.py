@@ -4,6 +4,8 @@
     python bench/bench.py --suite selfdraft   # Self-SD and EESD with fixed K, Beta-TS, Cali-TS
     python bench/bench.py --suite heads       # Medusa (greedy, typical) and SPACE
     python bench/bench.py --suite fidelity    # SPACE mask rules, Beta-TS counts, Cali-TS (issue 8)
+    python bench/bench.py --suite firstuse    # EESD, Medusa-1, Medusa-2, EAGLE-2, each trained on first use
+                                              # with the same train.first_use budget (empty cache: trains)
 
 Each configuration is a normal specbench run (AR interleaved with the method on the same
 samples, in this process); its speedup is a ratio inside that run. Results land in
@@ -57,6 +59,16 @@ SUITES = {
             ("space-k5", ["method=space"]),
         ],
     },
+    # every trained method at its paper default, each part trained on first use with one budget
+    "firstuse": {
+        "tasks": ["mt_bench"],
+        "runs": [
+            ("eesd-cali_ts", ["method=eesd"]),
+            ("medusa1", ["method=medusa"]),
+            ("medusa2", ["method=medusa", "method.variant=medusa2"]),
+            ("eagle2", ["method=eagle"]),
+        ],
+    },
     # issue 8: SPACE's mask rule and Beta-TS's counts, before (literal) vs after (default)
     "fidelity": {
         "tasks": ["gsm8k", "mt_bench"],
@@ -84,7 +96,7 @@ def main() -> None:
 
     from hydra import compose, initialize_config_dir
 
-    from specbench.cli import CONF_DIR
+    from specbench.config import CONF_DIR
     from specbench.models import load_model
     from specbench.runner import run
 
