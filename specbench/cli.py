@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import sys
 
+import hydra
+from omegaconf import DictConfig
+
 from specbench.config import CONF_DIR, fail, precheck
+from specbench.errors import SpecBenchError
 
 
 def main() -> None:
-    import hydra
-    from omegaconf import DictConfig
-
-    from specbench.errors import SpecBenchError
-
     # every job of the command (each combination of a multirun) is composed and validated first
     precheck(sys.argv[1:])
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg: DictConfig) -> None:
+        # imported only once the command line is known good: bad input gets its one line without
+        # paying for torch, transformers and every method (not a cycle: runner never imports cli)
         from specbench.runner import run
 
         try:
