@@ -52,6 +52,21 @@ def fingerprint(cfg: DictConfig) -> dict:
     return c
 
 
+def read_config(path: Path, missing: str, damaged_suffix: str = "") -> dict:
+    """A run dir's config.json (its fingerprint) as a dict; one-line errors when it is missing or
+    damaged (`damaged_suffix` says what that means for the caller)."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        raise SpecBenchError(missing) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecBenchError(f"{cfg_path} is damaged ({e})" + (f", {damaged_suffix}" if damaged_suffix else "")) from None
+    return config
+
+
 def lock_holder(path: Path) -> int | None:
     """The pid of the process writing run dir `path`, or None if no run holds it."""
     lock = Path(path) / LOCK
@@ -132,18 +147,12 @@ class RunDir:
         return any(p.name not in (LOCK, "config.json", "config.yaml") for p in self.path.iterdir())
 
     def _check_same_config(self, fp: dict) -> None:
-        cfg_path = self.path / "config.json"
         has_samples = self.samples_path.exists() and self.samples_path.stat().st_size > 0
         if not has_samples:
             return  # nothing to mix with: this run's fingerprint replaces any other
-        try:
-            old = json.loads(cfg_path.read_text())
-            if not isinstance(old, dict):
-                raise ValueError("not a JSON object")
-        except FileNotFoundError:
-            raise SpecBenchError(f"run dir {self.path} holds samples but no config.json, so they cannot be checked against this configuration; {RECOVER}") from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise SpecBenchError(f"{cfg_path} is damaged ({e}), so the samples beside it cannot be checked; {RECOVER}") from None
+        old = read_config(self.path, f"run dir {self.path} holds samples but no config.json, so they cannot be checked against "
+                                     f"this configuration; {RECOVER}",
+                          f"so the samples beside it cannot be checked; {RECOVER}")
         if old != fp:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             raise SpecBenchError(
@@ -240,14 +249,7 @@ def read_finished(path: Path, summary: dict) -> tuple[dict, list[dict]]:
     pid = lock_holder(path)
     if pid is not None:
         raise SpecBenchError(f"run dir {path} is still being written (pid {pid}); wait for it to finish")
-    try:
-        config = json.loads((path / "config.json").read_text())
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except FileNotFoundError:
-        raise SpecBenchError(f"run dir {path} has no config.json: cannot tell what produced its results") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise SpecBenchError(f"{path / 'config.json'} is damaged ({e})") from None
+    config = read_config(path, f"run dir {path} has no config.json: cannot tell what produced its results")
     samples = path / "samples.jsonl"
     records, seen = [], set()
     for i, line in enumerate(samples.read_bytes().splitlines() if samples.exists() else [], 1):

@@ -162,3 +162,16 @@ TASKS: dict[str, type[Task]] = {}
 def register_task(cls: type[Task]) -> type[Task]:
     TASKS[cls.name] = cls
     return cls
+
+
+def filter_categories(samples: list, wanted, task: str) -> list:
+    """Keep the samples of the `wanted` categories (a name or a list; empty/None: all); an
+    unknown category is bad input naming the known ones."""
+    if not wanted:
+        return samples
+    wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+    known = sorted({s.category for s in samples})
+    bad = [c for c in wanted if c not in known]
+    if bad:
+        raise SpecBenchError(f"unknown {task} categories {bad}; allowed: {', '.join(known)}")
+    return [s for s in samples if s.category in wanted]

@@ -7,8 +7,7 @@ outputs, with the category and the reference answer, so a judge can be run on th
 
 from __future__ import annotations
 
-from specbench.errors import SpecBenchError
-from specbench.tasks.base import Sample, Task, first_available, hub_source, local_source, register_task
+from specbench.tasks.base import Sample, Task, filter_categories, first_available, hub_source, local_source, register_task
 
 
 def _from_hub_rows(rows: list[dict]) -> list[dict]:
@@ -44,12 +43,5 @@ class MTBench(Task):
             )
             for r in rows
         ]
-        wanted = self.cfg.get("categories")  # null: all
-        if wanted:
-            wanted = [wanted] if isinstance(wanted, str) else list(wanted)
-            known = sorted({s.category for s in samples})
-            bad = [c for c in wanted if c not in known]
-            if bad:
-                raise SpecBenchError(f"unknown mt_bench categories {bad}; allowed: {', '.join(known)}")
-            samples = [s for s in samples if s.category in wanted]
+        samples = filter_categories(samples, self.cfg.get("categories"), "mt_bench")  # null: all
         return samples

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from specbench.errors import SpecBenchError
-from specbench.tasks.base import Sample, register_task
+from specbench.tasks.base import Sample, filter_categories, register_task
 from specbench.tasks.jsonl_task import JsonlTask
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -86,12 +86,5 @@ class SpecBenchTask(JsonlTask):
             for s in samples:
                 if s.category in MT_BENCH_CATEGORIES:
                     s.category = "mt_bench"
-        wanted = self.cfg.get("categories")
-        if wanted:
-            wanted = [wanted] if isinstance(wanted, str) else list(wanted)
-            known = sorted({s.category for s in samples})
-            bad = [c for c in wanted if c not in known]
-            if bad:
-                raise SpecBenchError(f"unknown spec_bench categories {bad}; allowed: {', '.join(known)}")
-            samples = [s for s in samples if s.category in wanted]
+        samples = filter_categories(samples, self.cfg.get("categories"), "spec_bench")
         return samples
