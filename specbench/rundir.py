@@ -213,6 +213,15 @@ class RunDir:
         except OSError as e:
             raise _io_error(self.path, e) from None
 
+    def read_profile(self) -> dict | None:
+        """profile.json (the profile's spread, re-measured points): shown, never computed with,
+        so a missing or damaged file is simply absent."""
+        try:
+            prof = json.loads((self.path / "profile.json").read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return prof if isinstance(prof, dict) else None
+
     def read_costs(self) -> dict[int, float] | None:
         p = self.path / "forward_costs.json"
         if not p.exists():

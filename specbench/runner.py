@@ -172,45 +172,47 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "env": environment(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    done = run_dir.done()
-    todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
+    try:  # the lock goes with this call, however it ends (in-process callers run again)
+        done = run_dir.done()
+        todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
 
-    costs = None
-    if todo:
-        # warm-up: first calls pay for allocation and kernel selection; not measured
-        warm = samples[0]
-        prompt = target.tokenizer.encode_chat(warm.messages([]))
-        warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
-        if cfg.profile.enabled:
-            p = cfg.profile
-            prof = profile_forward(ar_target, list(p.ks), int(p.context), int(p.reps),
-                                   float(p.get("tolerance", 0.1)), int(p.get("max_remeasure", 2)))
-            costs = prof.costs
-            run_dir.write("forward_costs.json", json.dumps(costs))
-            run_dir.write("profile.json", json.dumps(prof.to_json()))
-    else:
-        costs = run_dir.read_costs()
-    meta["forward_costs"] = costs
-    if costs and (run_dir.path / "profile.json").exists():
-        meta["profile"] = json.loads((run_dir.path / "profile.json").read_text())
+        costs = None
+        if todo:
+            # warm-up: first calls pay for allocation and kernel selection; not measured
+            warm = samples[0]
+            prompt = target.tokenizer.encode_chat(warm.messages([]))
+            warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
+            if cfg.profile.enabled:
+                p = cfg.profile
+                prof = profile_forward(ar_target, list(p.ks), int(p.context), int(p.reps),
+                                       float(p.get("tolerance", 0.1)), int(p.get("max_remeasure", 2)))
+                costs = prof.costs
+                run_dir.write("forward_costs.json", json.dumps(costs))
+                run_dir.write("profile.json", json.dumps(prof.to_json()))
+        else:
+            costs = run_dir.read_costs()
+        meta["forward_costs"] = costs
+        if costs and (profile := run_dir.read_profile()):
+            meta["profile"] = profile
 
-    base_ar = build_method("ar", target, cfg.method, sampling, ctx) if ar_target is not target else None
-    bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
-    measure = cfg.get("measure") or {}
-    history = StepHistory(int(measure.get("min_samples", 2)))
-    for r in done.values():  # a resumed run judges its next samples against the finished ones
-        history.add(r)
-    for index, sample in bar:
-        rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar, max_new),
-                          history, float(measure.get("spike_factor", 1.5)), int(measure.get("max_retries", 2)))
-        run_dir.append(rec)
-        bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
-    done = run_dir.done()
-    records = [done[s.id] for s in samples if s.id in done]
-    summary = aggregate(records, costs, ci=measure.get("ci"))
-    summary["meta"] = meta
-    run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
-    run_dir.release()
+        base_ar = build_method("ar", target, cfg.method, sampling, ctx) if ar_target is not target else None
+        bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
+        measure = cfg.get("measure") or {}
+        history = StepHistory(int(measure.get("min_samples", 2)))
+        for r in done.values():  # a resumed run judges its next samples against the finished ones
+            history.add(r)
+        for index, sample in bar:
+            rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar, max_new),
+                              history, float(measure.get("spike_factor", 1.5)), int(measure.get("max_retries", 2)))
+            run_dir.append(rec)
+            bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
+        done = run_dir.done()
+        records = [done[s.id] for s in samples if s.id in done]
+        summary = aggregate(records, costs, ci=measure.get("ci"))
+        summary["meta"] = meta
+        run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
+    finally:
+        run_dir.release()
     summary["printed"] = print_summary(summary, meta)
     print(f"results: {run_dir.path}")
     return summary

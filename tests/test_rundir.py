@@ -174,6 +174,15 @@ def test_damaged_forward_costs_are_refused(copy, data_dir, content):
         runner.run(make_cfg(copy, data_dir))
 
 
+@pytest.mark.parametrize("content", ["{oops", "null", "[1]"])
+def test_damaged_profile_is_only_left_out(copy, data_dir, content):
+    """profile.json is shown, never computed with: a damaged one drops out of the metadata."""
+    (copy / "forward_costs.json").write_text('{"1": 0.01, "2": 0.012}')
+    (copy / "profile.json").write_text(content)
+    s = runner.run(make_cfg(copy, data_dir))
+    assert s["meta"]["forward_costs"] and "profile" not in s["meta"]
+
+
 def test_unwritable_run_dir_is_one_line(tmp_path, data_dir):
     (tmp_path / "file").write_text("not a dir")
     with pytest.raises(SpecBenchError, match="cannot write run dir"):
