@@ -87,7 +87,7 @@ def draft_cost(target: ModelAdapter, cfg, t1: float, tokens: int) -> dict:
     per = []
     for seed in range(4):  # the first is a warm-up
         g = method.generate(prompt, tokens, frozenset(), seed)
-        drafted = sum(s[0] for s in g.steps)
+        drafted = sum(s.drafted for s in g.steps)
         if drafted and seed:
             per.append(g.times.get("draft", 0.0) / drafted)
     cost = statistics.median(per) if per else None

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from specbench.engine.timer import PhaseTimer
+from specbench.metrics.steps import StepStats
 
 SYSTEMS = ("ar", "method")
 
@@ -42,7 +43,7 @@ class StepHistory:
     def kinds(sys_rec: dict) -> dict[int, list[float]]:
         out: dict[int, list[float]] = {}
         for s, t in zip(sys_rec.get("steps") or [], sys_rec.get("step_times") or []):
-            out.setdefault(int(s[0]), []).append(float(t[0]))
+            out.setdefault(StepStats.of(s).cost_tokens, []).append(float(t[0]))  # steps of one verify size
         return out
 
     def excess(self, system: str, sys_rec: dict) -> float | None:

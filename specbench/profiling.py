@@ -21,6 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from specbench.engine.timer import PhaseTimer
+from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
 
 
@@ -90,11 +91,11 @@ def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, rep
 
 
 def refit_costs(records: list[dict]) -> dict[int, float]:
-    """T(k) as the median verify time per k over the run's steps (AR steps give T(1))."""
+    """T(k) as the median verify time per verified width k over the run's steps (AR steps give T(1))."""
     by_k: dict[int, list[float]] = {}
     for r in records:
         for key in ("ar", "method"):
             sys = r.get(key) or {}
-            for (drafted, _, _), times in zip(sys.get("steps") or [], sys.get("step_times") or []):
-                by_k.setdefault(int(drafted) + 1, []).append(float(times[1]))
+            for step, times in zip(sys.get("steps") or [], sys.get("step_times") or []):
+                by_k.setdefault(StepStats.of(step).cost_tokens, []).append(float(times[1]))
     return {k: statistics.median(v) for k, v in sorted(by_k.items()) if v}

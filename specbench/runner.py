@@ -98,7 +98,7 @@ def summarize_system(gens: list[Generation]) -> dict:
     if steps:
         rec["acceptance"] = acceptance_metrics(steps, tokens, len(gens))
         rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
-    rec["steps"] = steps
+    rec["steps"] = [s.row() for s in steps]
     rec["step_times"] = [t for g in gens for t in g.step_times]
     return rec
 
@@ -184,7 +184,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
             warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
             if cfg.profile.enabled:
                 p = cfg.profile
-                prof = profile_forward(ar_target, list(p.ks), int(p.context), int(p.reps),
+                ks = sorted(set(p.ks) | set(method.verify_widths()))  # a tree's width is a T(k) it pays
+                prof = profile_forward(ar_target, ks, int(p.context), int(p.reps),
                                        float(p.get("tolerance", 0.1)), int(p.get("max_remeasure", 2)))
                 costs = prof.costs
                 run_dir.write("forward_costs.json", json.dumps(costs))

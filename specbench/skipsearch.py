@@ -99,8 +99,8 @@ def time_per_token(method, prompts: list[list[int]], max_new_tokens: int, eos_id
         g = method.generate(p, max_new_tokens, eos_ids, seed + i)
         wall += g.times["wall"]
         tokens += len(g.tokens)
-        drafted += sum(s[0] for s in g.steps)
-        accepted += sum(s[1] for s in g.steps)
+        drafted += sum(s.drafted for s in g.steps)
+        accepted += sum(s.accepted for s in g.steps)
     stats = {"tokens": tokens, "wall": wall, "drafted": drafted, "accepted": accepted,
              "acceptance": accepted / drafted if drafted else None}
     return wall / max(1, tokens), stats

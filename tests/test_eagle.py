@@ -103,7 +103,7 @@ def test_greedy_equals_ar(target_i, prompt, shape, max_new, use_oracle, eos_at):
         oracle(m, prompt + full, seed=len(prompt))
     g = m.generate(prompt, max_new, eos, 0)
     assert g.tokens == want
-    for drafted, acc, kept in g.steps:
+    for drafted, acc, kept in ((s.drafted, s.accepted, s.kept) for s in g.steps):
         assert 0 <= kept <= acc <= drafted <= shape[1] + 1
 
 
@@ -114,7 +114,7 @@ def test_oracle_accepts_deep_paths_through_second_ranks():
     m = oracle(eagle(target, top_k=3, depth=4, num_nodes=12), prompt + full)
     g = m.generate(prompt, 40, frozenset(), 0)
     assert g.tokens == full
-    assert max(s[1] for s in g.steps) >= 4 and sum(s[1] for s in g.steps) >= 20
+    assert max(s.accepted for s in g.steps) >= 4 and sum(s.accepted for s in g.steps) >= 20
 
 
 def test_rerank_is_a_tree_with_best_scores():

@@ -67,8 +67,8 @@ def test_exit_at_last_layer_is_the_target_so_everything_is_accepted():
     prompt = target.tokenizer.encode_chat([{"role": "user", "content": "speculate"}])
     g = m.generate(prompt, 40, frozenset(), 0)
     assert g.tokens == ar(target).generate(prompt, 40, frozenset(), 0).tokens
-    drafted = sum(s[0] for s in g.steps)
-    assert drafted > 20 and sum(s[1] for s in g.steps) == drafted
+    drafted = sum(s.drafted for s in g.steps)
+    assert drafted > 20 and sum(s.accepted for s in g.steps) == drafted
 
 
 @pytest.mark.parametrize("n_layers", [1, 3])

@@ -24,7 +24,7 @@ TINY = {
 }
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]  # the second repeats: lookup hits
 CASES = [(m, c) for m in sorted(METHODS)
-         for c in (sorted(CONTROLLERS) if issubclass(METHODS[m], SpeculativeMethod) else [None])]
+         for c in (sorted(CONTROLLERS) if issubclass(METHODS[m], SpeculativeMethod) and METHODS[m].uses_controller else [None])]
 
 
 def method_config(name: str):

@@ -62,7 +62,7 @@ def check_lossless(target, method, prompt, max_new, seed, eos_at, k_max):
         assert ar_tokens(target, prompt, max_new, eos, seed) == expected  # AR stops there too
     g = method.generate(prompt, max_new, eos, seed)
     assert g.tokens == expected
-    for drafted, accepted, kept in g.steps:
+    for drafted, accepted, kept in ((s.drafted, s.accepted, s.kept) for s in g.steps):
         assert 0 <= kept <= accepted <= drafted <= k_max
     # every step commits at least one token; the prefill commits the first
     assert len(g.steps) <= len(g.tokens) - 1
@@ -70,7 +70,7 @@ def check_lossless(target, method, prompt, max_new, seed, eos_at, k_max):
 
 
 def accepted(g) -> int:
-    return sum(s[2] for s in g.steps)
+    return sum(s.kept for s in g.steps)
 
 
 # --- hypothesis: random prompts, K, seeds, lengths ------------------------------------------------
@@ -180,11 +180,11 @@ def test_vanilla_sd_acceptance_is_exercised(target_name, draft, expect, k):
         target, m = vanilla(target_name, draft, control("fixed", k))
         g = check_lossless(target, m, prompt, 30, i, None, k)
         total_acc += accepted(g)
-        total_drafted += sum(s[0] for s in g.steps)
+        total_drafted += sum(s.drafted for s in g.steps)
         if expect == "all":
             # every draft accepted: rounds of k drafts + 1 bonus token (the last one may be cut short)
-            assert all(s[0] == s[1] for s in g.steps)
-            assert all(s[0] == k for s in g.steps[:-1])
+            assert all(s.drafted == s.accepted for s in g.steps)
+            assert all(s.drafted == k for s in g.steps[:-1])
             assert len(g.steps) == -(-29 // (k + 1))
     if expect == "partial":
         assert 0 < total_acc < total_drafted
@@ -261,7 +261,7 @@ def test_sampling_same_draft_accepts_everything():
     for seed in range(3):
         g = m.generate(FIXED_PROMPTS[0], 25, frozenset(), seed)
         assert len(g.tokens) == 25
-        assert all(d == a for d, a, _ in g.steps)
+        assert all(s.drafted == s.accepted for s in g.steps)
 
 
 # --- rejection sampling preserves the target distribution ------------------------------------------
@@ -420,8 +420,8 @@ def e2e_samples():
         g = sd.generate(E2E_PROMPT, 3, frozenset(), seed)
         # one speculative step drafting 1 token (position 1, and position 2 when accepted); after a
         # rejection position 2 comes from a plain target step
-        assert g.steps[0][0] == 1 and len(g.steps) == 2 - g.steps[0][1]
-        acc += g.steps[0][1]
+        assert g.steps[0].drafted == 1 and len(g.steps) == 2 - g.steps[0].accepted
+        acc += g.steps[0].accepted
         sd_out.append(tuple(g.tokens))
         ar_out.append(tuple(ar.generate(E2E_PROMPT, 3, frozenset(), 10**6 + seed).tokens))
     return target, sd_out, ar_out, acc

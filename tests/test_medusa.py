@@ -125,7 +125,7 @@ def test_oracle_heads_accept_many_and_stay_equal(sizes):
     m.heads.head = head
     g = m.generate(prompt, 40, frozenset(), 0)
     assert g.tokens == ref[len(prompt):]
-    assert sum(s[1] for s in g.steps) >= 15
+    assert sum(s.accepted for s in g.steps) >= 15
 
 
 # -- sampling follows the target's distribution (end to end) ------------------------------------
@@ -162,7 +162,7 @@ def check_sampling_matches_target(method, target, seeds: int = 500, max_new: int
     for seed in range(seeds):
         g = method.generate(E2E_PROMPT, max_new, frozenset(), seed)
         outs.append(g.tokens)
-        acc += sum(s[2] for s in g.steps)
+        acc += sum(s.kept for s in g.steps)
     for pos in (1, 2):
         marg = exact_marginal(target, pos)
         seen = [o[pos] for o in outs]

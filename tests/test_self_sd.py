@@ -78,8 +78,8 @@ def test_skipping_nothing_accepts_everything():
     m = self_sd({"source": "explicit", "attn": [], "mlp": []}, {"name": "fixed", "k": 5, "k_max": 5})
     g = m.generate([10, 20, 30, 40], 60, EOS, 0)
     assert m.describe()["skip_attn"] == [] and m.describe()["skip_mlp"] == []
-    drafted = sum(s[0] for s in g.steps)
-    assert drafted > 0 and sum(s[1] for s in g.steps) == drafted
+    drafted = sum(s.drafted for s in g.steps)
+    assert drafted > 0 and sum(s.accepted for s in g.steps) == drafted
     assert g.tokens == ar_tokens([10, 20, 30, 40], 60)
 
 
@@ -95,7 +95,8 @@ def test_draft_is_the_skipped_model(attn, mlp):
     m.start([5, 17, 99, 42, 7])
     m.step(10)  # one full round first, so drafting starts from a verified cache
     committed = list(m.tokens)
-    drafts, q = m.propose(6)
+    prop = m.draft_candidates(6)
+    drafts, q = prop.tokens, prop.q
     assert q is None and len(drafts) == 6
     assert m.cache.lengths == [len(committed) - 1] * NUM_LAYERS  # the draft's entries are gone
     for j in range(len(drafts)):

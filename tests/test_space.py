@@ -64,7 +64,7 @@ def test_train_lowers_loss_reload_identical_greedy_equal(tmp_path, monkeypatch):
     ga = a.generate(prompt, 24, frozenset(), 0)
     assert ga.tokens == b.generate(prompt, 24, frozenset(), 0).tokens
     assert ga.tokens == ar_tokens(a.finetuned_adapter, prompt, 24)
-    assert sum(st[1] for st in ga.steps) > 0  # the masks learned to guess: candidates get accepted
+    assert sum(st.accepted for st in ga.steps) > 0  # the masks learned to guess: candidates get accepted
 
 
 def test_lora_option_trains(tmp_path, monkeypatch):
@@ -108,7 +108,7 @@ def test_decode_layout_shows_the_model_its_training_layout(k):
     m._forward(prompt)
     L = m.cache.length()
     ids = [x if kind == "x" else (cands[i - 1] if kind == "c" else MASK) for kind, i in m.layout]
-    decode = m._forward(ids, positions=L + m.pos, tree_mask=m.mask)
+    decode, _ = m._forward(ids, positions=L + m.pos, tree_mask=m.mask)
     seq = prompt + [x] + cands
     for grp in range(k + 1):
         cut = len(prompt) + 1 + grp

@@ -33,8 +33,29 @@ class DraftInfo:
     target_hidden: torch.Tensor | None = None  # target's last hidden state at the last verified token, [d]
 
 
+@dataclass(frozen=True)
+class DraftRef:
+    """Which draft a controller serves, for controllers with parts trained per draft (Cali-TS's
+    predictor is trained with one EESD early-exit layer): the target's key, the draft's structure
+    as its checkpoint records it, and where tensors live."""
+
+    model_key: str
+    structure: dict
+    device: Any = "cpu"
+
+
 class Controller:
     name = "base"
+
+    @classmethod
+    def attach(cls, params: dict, draft: DraftRef | None) -> dict:
+        """Constructor parameters completed with what this controller needs from the draft
+        (a trained part); the factory calls it, so no method needs to know controller names."""
+        return params
+
+    def describe(self) -> dict:
+        """Settings worth recording with the results, beyond name and k_max."""
+        return {}
 
     def __init__(self, k_max: int = 10, seed: int = 0, **_: Any):
         if int(k_max) < 1:

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.control.base import Controller, DraftInfo, check_round, register_controller
+from specbench.artifacts import load_checkpoint
+from specbench.control.base import Controller, DraftInfo, DraftRef, check_round, register_controller
 from specbench.control.beta_ts import COUNTS, bernoulli, round_counts
 from specbench.errors import SpecBenchError, choice_error
 
@@ -123,7 +124,7 @@ class CaliTS(Controller):
 
     def __init__(self, sigma_m: float = 0.2, sigma_s: float = 0.3, theta0: float = 0.5, theta_update: str = "mean",
                  predictor: CaliPredictor | str | Path | None = None, reset_per_sequence: bool = True,
-                 counts: str = "consistent", k_max: int = 10, seed: int = 0, **kw):
+                 counts: str = "consistent", k_max: int = 10, seed: int = 0, predictor_path: str | None = None, **kw):
         super().__init__(k_max=k_max, seed=seed, **kw)
         if float(sigma_m) <= 0 or float(sigma_s) <= 0:
             raise SpecBenchError(f"control.sigma_m and control.sigma_s must be > 0, got {sigma_m}, {sigma_s}")
@@ -141,8 +142,28 @@ class CaliTS(Controller):
             predictor = CaliPredictor.load(predictor)
         self.predictor = predictor.eval() if predictor is not None else None
         self.needs_hidden = predictor is not None
+        self.predictor_path = predictor_path
         self._restart()
         self.mu = self.sigma2 = self.theta_m = self.theta = None
+
+    @classmethod
+    def attach(cls, params: dict, draft: DraftRef | None) -> dict:
+        """`predictor: null|auto` with a draft that has a trained predictor (EESD's early exit,
+        trained with it by `python -m specbench.train method=eesd`): use it; else none."""
+        if params.get("predictor") not in (None, "auto") or draft is None:
+            return params if params.get("predictor") != "auto" else params | {"predictor": None}
+        ckpt = load_checkpoint("cali", draft.model_key, draft.structure, "auto", required=False)
+        if ckpt is None:
+            return params | {"predictor": None}
+        d = ckpt["state"]["proj.weight"].shape[-1] // 2  # proj: [1, 2d]
+        pred = CaliPredictor(d, int(ckpt["settings"].get("max_i", 10)))
+        pred.load_state_dict(ckpt["state"])
+        # on the draft's device (no host copy of each hidden state); float32 whatever the model
+        # dtype: its inputs are cast to its weights (CaliPredictor.logits)
+        return params | {"predictor": pred.to(draft.device), "predictor_path": str(ckpt["path"])}
+
+    def describe(self) -> dict:
+        return {"cali_predictor": self.predictor_path} if self.predictor_path else {}
 
     def _restart(self) -> None:
         self.n, self.theta_hat = 0, self.theta0

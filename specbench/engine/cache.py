@@ -57,8 +57,12 @@ class KVCache:
         """Keep positions [0, start) plus `start + positions` (in order), drop the rest.
 
         Used after tree verification: the accepted path's entries move down to sit right after
-        the committed prefix."""
-        idx = torch.as_tensor(positions, dtype=torch.long)
+        the committed prefix. A chain's accepted prefix is already in place: a crop, no copy."""
+        rows = [int(p) for p in positions]
+        if rows == list(range(len(rows))):
+            self.crop(start + len(rows), layers)
+            return
+        idx = torch.as_tensor(rows, dtype=torch.long)
         for i in layers if layers is not None else range(self.num_layers):
             if self.keys[i] is None:
                 continue

@@ -1,10 +1,10 @@
-"""Method plugin interface, the shared speculative step, and the registry.
+"""Method plugin interface, the one decode loop, and the registry.
 
-A method owns its caches and draft machinery; the generation loop in `Method.generate` owns
-the stop conditions (EOS, max_new_tokens) and the timer. A speculative method implements
-`propose` (draft up to k tokens, asking the controller after each one) and, when verification
-is special (EESD reuses its first-N layers), `score`; `SpeculativeMethod.step` does the rest:
-verify, commit, roll caches back to the accepted length, update the controller.
+A method owns its draft machinery; the generation loop in `Method.generate` owns the stop
+conditions (EOS, max_new_tokens) and the timer. A speculative method implements `propose` (a
+chain, asking the controller after each token, or a tree or laid-out chain of candidates);
+`SpeculativeMethod.step` does the rest for every method: verify (engine/verify.py), commit,
+compact the target's cache to the accepted path, update the controller.
 
 Cache invariant between steps: every cache holds the committed tokens except the last one,
 `self.tokens[-1]`, which is pending (produced by the target, not yet fed back). Forward passes
@@ -19,26 +19,29 @@ from typing import Any
 
 import torch
 
-from specbench.control import DraftInfo, build_controller
-from specbench.engine.sampling import SamplingConfig, next_token, probs, sample, verify_sampling
+from specbench.control import DEFAULT_CONTROL, DraftInfo, DraftRef, build_controller
+from specbench.engine.sampling import SamplingConfig, next_token, probs, sample
 from specbench.engine.timer import PhaseTimer
+from specbench.engine.verify import Proposal, Verifier, verification_input
 from specbench.errors import SpecBenchError
+from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
 
 
 @dataclass
 class StepResult:
     tokens: list[int]  # committed this step: accepted draft tokens, then the target's token
-    n_drafted: int
+    n_drafted: int  # the most draft tokens the step could accept (chain length, tree depth)
     n_accepted: int
+    n_verified: int = 1  # tokens the verification forward ran over (AR: its one token)
 
 
 @dataclass
 class Generation:
     tokens: list[int]  # new tokens only
-    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (drafted, accepted, accepted kept)
+    steps: list[StepStats] = field(default_factory=list)
     # per step, parallel to `steps`: (whole step, its verify phase) in seconds; each verify is a
-    # T(drafted + 1) sample at the real context (the cost-model refit and interference check use them)
+    # T(verified) sample at the real context (the cost-model refit and interference check use them)
     step_times: list[tuple[float, float]] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -47,7 +50,7 @@ class Generation:
 class Method:
     name = "base"
     lossless = True  # False where a paper's acceptance rule is lossy on purpose
-    needs_training: str | None = None  # name of the trainable part, if any
+    external_loop = False  # True for references whose library runs its own decode loop (hf_assisted)
 
     def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, ctx: dict | None = None):
         self.target = target
@@ -72,6 +75,10 @@ class Method:
         """Settings worth recording with the results."""
         return {"method": self.name, "lossless": self.lossless}
 
+    def verify_widths(self) -> list[int]:
+        """Verification sizes the cost profile must measure beyond its k grid (a tree's nodes)."""
+        return []
+
     def generate(self, prompt: list[int], max_new_tokens: int, eos_ids, seed: int) -> Generation:
         self.timer = PhaseTimer(self.target.device, self.timing)
         self.gen = torch.Generator().manual_seed(int(seed))
@@ -87,7 +94,7 @@ class Method:
                 if t in eos_ids:
                     new = new[: j + 1]
                     break
-            result.steps.append((r.n_drafted, r.n_accepted, min(r.n_accepted, len(new))))
+            result.steps.append(StepStats(r.n_drafted, r.n_accepted, min(r.n_accepted, len(new)), r.n_verified))
             out += new
         self.timer.step_mark()  # the last step's end
         result.times = self.timer.stop()
@@ -118,34 +125,60 @@ class ARMethod(Method):
 
 
 class SpeculativeMethod(ARMethod):
-    """Draft, then verify with the full target in one forward, then roll back."""
+    """The one decode loop of every drafting method: propose, verify, commit.
+
+    A method implements `propose` (a chain, a tree or a laid-out chain of candidates: a
+    `Proposal`, engine/verify.py) and, where its draft keeps state of its own, `after_verify`
+    (roll its own caches back, keep what the verification computed for the next draft). It may
+    replace `verify_forward` when it can verify more cheaply (EESD reuses its first N layers) or
+    feeds the target something other than token ids (SPACE's mask embedding). `step` owns the rest:
+    the target's forward over the proposal, the verifier (greedy / rejection / typical), the
+    committed tokens, and the only place where the target's cache is rolled back or compacted.
+    """
+
+    uses_controller = True  # False: the method's draft shape is its own (Medusa's tree, EAGLE-2, SPACE)
+    acceptance = "auto"  # engine/verify.py ACCEPTANCE
+    # True where `verify_forward` builds on what drafting wrote into the target's cache (EESD's
+    # lower layers); otherwise those entries are dropped before verification
+    verify_reuses_draft_entries = False
 
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
-        control_cfg = (ctx or {}).get("control") or cfg.get("control") or {"name": "fixed", "k": 10}
-        self.controller = build_controller(control_cfg, seed=int(cfg.get("seed", 0)), **self.controller_extras())
+        self.controller = None
+        if self.uses_controller:
+            control_cfg = (ctx or {}).get("control") or cfg.get("control") or DEFAULT_CONTROL
+            self.controller = build_controller(control_cfg, seed=int(cfg.get("seed", 0)), draft=self.draft_ref())
+        self.verifier = Verifier(self.acceptance, float(cfg.get("epsilon", 0.09)), float(cfg.get("delta", 0.3)))
+        self.lossless = self.verifier.lossless(sampling)
         self.target_hidden: torch.Tensor | None = None
 
-    def controller_extras(self) -> dict:
-        return {}
+    def draft_ref(self) -> DraftRef | None:
+        """What identifies this method's draft to a controller that has trained parts for it
+        (Cali-TS's predictor is trained per EESD early-exit layer); None: nothing to attach."""
+        return None
 
     def describe(self) -> dict:
-        return super().describe() | {"controller": self.controller.name, "k_max": self.controller.k_max}
+        d = super().describe()
+        if self.controller is not None:
+            d |= {"controller": self.controller.name, "k_max": self.controller.k_max} | self.controller.describe()
+        return d
 
     # -- hooks -------------------------------------------------------------------------------
     def start(self, prompt: list[int]) -> int:
         self.tokens = list(prompt)
         self.cache = self.target.new_cache()
-        self.controller.reset(self.seed)
+        if self.controller is not None:
+            self.controller.reset(self.seed)
         with self.timer.phase("prefill"):
             logits, hidden = self.prefill(self.tokens)
+            self.cache.crop(len(prompt))  # a prefill may run more than the prompt (SPACE's masks)
             self.target_hidden = hidden[-1]
             tok = next_token(logits[-1], self.sampling, self.gen)
         self.tokens.append(tok)
         return tok
 
     def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits and hidden state at the prompt's last position; draft state set up."""
+        """Target logits and final hidden state at the prompt's last position; draft state set up."""
         logits, hidden = self.target.forward(ids, self.cache, last_only=True)
         self.prefill_draft(ids)
         return logits, hidden
@@ -153,42 +186,59 @@ class SpeculativeMethod(ARMethod):
     def prefill_draft(self, prompt: list[int]) -> None:
         """Bring the draft's own state up to the prompt (nothing for draft-free methods)."""
 
-    def propose(self, k_max: int) -> tuple[list[int], torch.Tensor | None]:
-        """Draft up to k_max tokens; return them and their processed draft distributions
-        ([k, V]) or None when the draft is deterministic."""
+    def propose(self, k_max: int) -> Proposal:
+        """Candidates for this step; a chain holds at most k_max tokens."""
         raise NotImplementedError
 
-    def score(self, draft: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits [k+1, V] and final hidden states [k+1, d] at the pending token and at
-        each draft token."""
-        feed = self.tokens[self.cache.length() :] + draft
-        logits, hidden = self.target.forward(feed, self.cache)
-        return logits[-len(draft) - 1 :], hidden[-len(draft) - 1 :]
+    def verify_forward(self, prop: Proposal, feed: list[int], mask, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target logits and final hidden states [len(feed), ...] over `feed` after the committed
+        tokens; `mask` (None: causal) among the fed tokens, `positions` absolute (None: in order)."""
+        mask = None if mask is None else mask.to(self.target.device)
+        return self.target.forward(feed, self.cache, positions=positions, tree_mask=mask)
 
-    def rollback(self) -> None:
-        """Drop cache entries past the committed tokens (the last one stays pending)."""
-        self.cache.crop(len(self.tokens) - 1)
+    def after_verify(self, prop: Proposal, path: list[int], rows: list[int], hidden: torch.Tensor,
+                     logits: torch.Tensor) -> None:
+        """The draft's own state after a step: `path` = accepted nodes (0 = the old pending token),
+        `rows` = their indices in the verification forward, whose outputs are `hidden`/`logits`."""
 
     # -- the shared step ---------------------------------------------------------------------
-    def step(self, budget: int) -> StepResult:
-        k_max = min(self.controller.k_max, budget - 1)
-        if k_max < 1:  # one token left: a plain target step
-            return super().step(budget)
-        with self.timer.phase("draft"):
-            draft, q = self.propose(k_max)
-        with self.timer.phase("verify"):
-            logits, hidden = self.score(draft)
-            n, tok = verify_sampling(logits, draft, q, self.sampling, self.gen)
-            self.tokens += draft[:n] + [tok]
-            self.target_hidden = hidden[n]
-            self.rollback()
-        if draft:
-            with self.timer.phase("control"):
-                self.controller.update(len(draft), n)
-        return StepResult(draft[:n] + [tok], len(draft), n)
+    def draft_candidates(self, k_max: int) -> Proposal:
+        """Propose, then forget whatever drafting wrote into the target's cache (Self-SD drafts
+        through it): the verification recomputes those entries with every layer."""
+        committed = len(self.tokens) - 1
+        prop = self.propose(k_max)
+        if not self.verify_reuses_draft_entries:
+            self.cache.crop(committed)
+        return prop
 
-    def draft_loop(self, k_max: int, next_draft) -> tuple[list[int], torch.Tensor | None]:
-        """The controller-driven draft loop. `next_draft(drafts)` returns the draft logits
+    def step(self, budget: int) -> StepResult:
+        k_max = budget - 1
+        if self.controller is not None:
+            k_max = min(self.controller.k_max, k_max)
+            if k_max < 1:  # one token left: a plain target step
+                return super().step(budget)
+        with self.timer.phase("draft"):
+            prop = self.draft_candidates(k_max)
+        with self.timer.phase("verify"):
+            pending, L = self.tokens[-1], len(self.tokens) - 1  # L: committed tokens in the cache
+            feed, mask, offsets, rows = verification_input(prop, pending)
+            positions = None if offsets is None else L + offsets.to(self.target.device)
+            logits, hidden = self.verify_forward(prop, feed, mask, positions)
+            path, tok = self.verifier(prop, pending, logits[rows], self.sampling, self.gen)
+            kept = [rows[j] for j in path]
+            self.cache.keep(L, kept)  # the one place the target's cache is rolled back
+            accepted = [prop.tokens[j - 1] for j in path[1:]]
+            self.tokens += accepted + [tok]
+            self.target_hidden = hidden[kept[-1]]
+            self.after_verify(prop, path, kept, hidden, logits)
+        n = len(accepted)
+        if self.controller is not None and prop.tokens:
+            with self.timer.phase("control"):
+                self.controller.update(len(prop.tokens), n)
+        return StepResult(accepted + [tok], prop.depth, n, len(feed))
+
+    def draft_loop(self, k_max: int, next_draft) -> Proposal:
+        """The controller-driven chain draft. `next_draft(drafts)` returns the draft logits
         ([V]) for the next token and the draft's hidden state there (or None)."""
         drafts: list[int] = []
         q_rows: list[torch.Tensor] = []
@@ -209,7 +259,7 @@ class SpeculativeMethod(ARMethod):
                 info = DraftInfo(len(drafts), float(conf_probs.max()), hidden, self.target_hidden)
                 if not self.controller.keep_drafting(info):
                     break
-        return drafts, (torch.stack(q_rows) if q_rows else None)
+        return Proposal(drafts, torch.stack(q_rows) if q_rows else None)
 
 
 METHODS: dict[str, type[Method]] = {"ar": ARMethod}

@@ -12,10 +12,11 @@ One step, with x_n the pending token (chosen by the target, not yet fed to it):
    the path = log of their product); the k best children form the next frontier. Rerank: the
    `num_nodes` best-scored nodes of everything proposed are verified. A child never outscores
    its parent (log p <= 0) and ties go to the shallower node, so the selection is a tree.
-3. One target forward over root + nodes with the tree mask (engine/tree.py); greedy or lossless
-   tree rejection sampling picks the accepted path; `KVCache.keep` keeps that path; the path's
-   target features (computed by this forward) are the pairs the head reads next step. The head's
-   tree entries are dropped: the next step uses real target features, as the authors' code does.
+3. The decode loop (methods/base.py) verifies root + nodes in one target forward with the tree
+   mask; greedy or lossless tree rejection sampling picks the accepted path and the loop keeps
+   that path's cache entries; the path's target features (computed by this forward) are the pairs
+   the head reads next step. The head's tree entries are dropped: the next step uses real target
+   features, as the authors' code does.
 
 Sampling is lossless with `verify_tree_sampling` as is: its one-hot (q = 1) rule is exact when a
 node's children are distinct tokens chosen without looking at the target's random draws. Here
@@ -37,10 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench.engine.cache import KVCache
-from specbench.engine.sampling import next_token
-from specbench.engine.tree import TokenTree, verify_tree_sampling
+from specbench.engine.tree import TokenTree
+from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
-from specbench.methods.base import Method, StepResult, register_method
+from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.eagle_head import load_eagle
 
 
@@ -84,9 +85,9 @@ class DraftTree:
 
 
 @register_method
-class Eagle(Method):
+class Eagle(SpeculativeMethod):
     name = "eagle"
-    needs_training = "eagle draft head"
+    uses_controller = False
 
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
@@ -105,34 +106,30 @@ class Eagle(Method):
         return d | {"top_k": self.top_k, "depth": self.depth, "num_nodes": self.num_nodes,
                     "controller": "none (EAGLE-2 tree: depth/top_k/num_nodes)"}
 
-    # -- prefill -----------------------------------------------------------------------------
-    def start(self, prompt: list[int]) -> int:
+    def verify_widths(self) -> list[int]:
+        return [self.num_nodes + 1]  # at most: the tree has fewer nodes when fewer were proposed
+
+    # -- prefill: the head reads the target's features of every prompt position ---------------
+    def prefill(self, ids: list[int]):
         t = self.target
-        self.tokens = list(prompt)
-        self.cache = t.new_cache()
         self.dcache = KVCache(1)
-        with self.timer.phase("prefill"):
-            f = t.norm(t.run_layers(t.embed(self.tokens), self.cache))
-            tok = next_token(t.lm_head(f[0, -1]), self.sampling, self.gen)
-        self.tokens.append(tok)
-        self.backlog = (f[0], self.tokens[1:])  # pairs (f_t, x_(t+1)) for t = 0..len(prompt)-1
+        f = t.norm(t.run_layers(t.embed(ids), self.cache))
+        self.prompt_feats = f[0]
+        return t.lm_head(f[0, -1:]), f[0, -1:]
+
+    def start(self, prompt: list[int]) -> int:
+        tok = super().start(prompt)
+        self.backlog = (self.prompt_feats, self.tokens[1:])  # pairs (f_t, x_(t+1)) for t = 0..len(prompt)-1
         return tok
 
-    # -- one step ----------------------------------------------------------------------------
-    def step(self, budget: int) -> StepResult:
-        t = self.target
-        with self.timer.phase("draft"):
-            tree, nodes = self.draft_tree()
-        with self.timer.phase("verify"):
-            L = self.cache.length()
-            logits, hidden = t.forward(nodes, self.cache, positions=L + tree.depths.to(t.device),
-                                       tree_mask=tree.mask.to(t.device))
-            path, tok = verify_tree_sampling(tree, nodes, logits, self.sampling, self.gen)
-            self.cache.keep(L, path)
-        accepted = [nodes[j] for j in path[1:]]
-        self.tokens += accepted + [tok]
-        self.backlog = (hidden[path], accepted + [tok])
-        return StepResult(accepted + [tok], tree.max_depth, len(accepted))
+    # -- one step: the loop verifies the tree and keeps the accepted path -----------------------
+    def propose(self, k_max: int) -> Proposal:
+        tree, nodes = self.draft_tree()
+        return Proposal(nodes[1:], tree=tree)
+
+    def after_verify(self, prop, path, rows, hidden, logits) -> None:
+        # the path's target features (computed by the verification) are what the head reads next
+        self.backlog = (hidden[rows], self.tokens[-len(rows):])
 
     def catch_up(self) -> torch.Tensor:
         """Feed the committed pairs the head has not seen; return the root's predicted feature."""

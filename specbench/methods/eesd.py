@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from specbench.artifacts import apply_checkpoint, load_checkpoint
-from specbench.control.cali_ts import CaliPredictor
+from specbench.control import DraftRef
 from specbench.engine.cache import KVCache
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
@@ -82,26 +82,16 @@ def load_early_exit(target: ModelAdapter, cfg) -> tuple[EarlyExit, dict]:
 @register_method
 class EESD(SpeculativeMethod):
     name = "eesd"
+    verify_reuses_draft_entries = True  # layers 0..N-1 of the pending token and d1..d(k-1)
 
     def __init__(self, target, cfg, sampling, ctx=None):
         self.exit, self.info = load_early_exit(target, cfg)
         super().__init__(target, cfg, sampling, ctx)
         self.n = self.exit.n_layers
 
-    def controller_extras(self) -> dict:
-        # Cali-TS: attach the predictor trained with this early-exit layer, if any
-        control = (self.ctx or {}).get("control") or {}
-        if control.get("name") == "cali_ts" and control.get("predictor") in (None, "auto"):
-            ckpt = load_checkpoint("cali", self.target.key, self.exit.structure(), "auto", required=False)
-            if ckpt is None:
-                return {"predictor": None}
-            pred = CaliPredictor(self.target.hidden_size, int(ckpt["settings"].get("max_i", 10)))
-            pred.load_state_dict(ckpt["state"])
-            self.info["cali_predictor"] = ckpt["path"]
-            # on the target's device (no host copy of each hidden state); float32 whatever the
-            # model dtype: its inputs are cast to its weights (CaliPredictor.logits)
-            return {"predictor": pred.to(self.target.device)}
-        return {}
+    def draft_ref(self) -> DraftRef:
+        # a Cali-TS predictor is trained with one early-exit layer: the controller factory finds it by this
+        return DraftRef(self.target.key, self.exit.structure(), self.target.device)
 
     def describe(self) -> dict:
         return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
@@ -134,19 +124,20 @@ class EESD(SpeculativeMethod):
 
         return self.draft_loop(k_max, next_draft)
 
-    def score(self, draft: list[int]):
+    def verify_forward(self, prop, feed, mask, positions):
+        """Layers 0..N-1 ran during drafting for the pending token and d1..d(k-1); run them on dk
+        alone, then the upper layers over all k+1 (feed = [pending] + drafts, a chain)."""
         t = self.target
-        h_last = t.run_layers(t.embed([draft[-1]]), self.cache, 0, self.n)
+        h_last = t.run_layers(t.embed([feed[-1]]), self.cache, 0, self.n)
         h_n = torch.cat(self.h_drafts + [h_last], 1)
         self.h_verified = h_n
         h = t.norm(t.run_layers(h_n, self.cache, self.n))
         return t.lm_head(h)[0], h[0]
 
-    def rollback(self) -> None:
+    def after_verify(self, prop, path, rows, hidden, logits) -> None:
         committed = len(self.tokens) - 1
-        self.cache.crop(committed)
         self.ecache.crop(committed)
         # tokens now in the lower layers' cache but not in the exit layer's: feed them next round
         missing = committed - self.ecache.length()
         if missing > 0:
-            self.backlog = [self.h_verified[:, -missing:]] if hasattr(self, "h_verified") else []
+            self.backlog = [self.h_verified[:, -missing:]]

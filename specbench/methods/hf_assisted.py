@@ -20,6 +20,7 @@ from specbench.methods.vanilla_sd import build_draft
 @register_method
 class HFAssisted(Method):
     name = "hf_assisted"
+    external_loop = True  # transformers' generate() drafts, verifies and keeps its own cache
 
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)

@@ -5,11 +5,11 @@ head output is the pending token x_{t+1}) and predicts x_{t+k+1}: a residual SiL
 (Linear d->d initialised to zero, so the block is the identity at init) followed by a vocabulary
 projection initialised from the model's head (`share_head: true`: the base head itself, frozen).
 
-One step: candidates = `TokenTree` nodes (node at depth d with rank r = head d's top-r token; the
-root is the pending token); one target forward over all nodes with the tree mask and positions
-cache_length + depth; acceptance picks the longest accepted path; the cache keeps only that
-path's entries (`KVCache.keep`); the heads of the next step read the hidden state of the path's
-last node, which the tree forward already computed (no extra forward).
+A proposer: candidates = `TokenTree` nodes (node at depth d with rank r = head d's top-r token;
+the root is the pending token). The decode loop (methods/base.py) verifies them in one target
+forward with the tree mask and positions cache_length + depth, keeps the accepted path's cache
+entries, and keeps the hidden state of the path's last node, which the heads read next step
+(the tree forward already computed it: no extra forward).
 
 Acceptance (`acceptance`): `auto` = greedy verification at temperature 0, lossless tree
 rejection sampling otherwise (engine/tree.py); `typical` = the paper's typical acceptance
@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from specbench.artifacts import apply_checkpoint, load_checkpoint
-from specbench.engine.sampling import next_token
-from specbench.engine.tree import TokenTree, verify_tree_sampling, verify_tree_typical
-from specbench.errors import SpecBenchError
-from specbench.methods.base import Method, StepResult, register_method
+from specbench.engine.tree import TokenTree
+from specbench.engine.verify import ACCEPTANCE, Proposal
+from specbench.errors import SpecBenchError, choice_error
+from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.space import load_finetuned
 from specbench.models import ModelAdapter, published
 
@@ -161,18 +161,21 @@ def _checked(tree: TokenTree, num_heads: int) -> TokenTree:
 
 
 @register_method
-class Medusa(Method):
+class Medusa(SpeculativeMethod):
     name = "medusa"
-    needs_training = "medusa heads"
+    uses_controller = False  # the tree is the draft shape
 
     def __init__(self, target, cfg, sampling, ctx=None):
         variant = str(cfg.get("variant", "medusa1"))
         if variant not in VARIANTS:
-            raise SpecBenchError(f"unknown medusa variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+            raise choice_error("medusa variant", variant, VARIANTS)
         if variant == "medusa2":
             ft, self.heads, self.info = load_medusa2(target, cfg)
             self.baseline_weights, self.finetuned_adapter, self.base_target = "fine-tuned", ft, target
             target = ft
+        self.acceptance = str(cfg.get("acceptance", "auto"))  # the loop's verifier: auto | typical
+        if self.acceptance not in ACCEPTANCE:
+            raise choice_error("medusa acceptance", self.acceptance, ACCEPTANCE)
         super().__init__(target, cfg, sampling, ctx)
         if variant == "medusa1":
             self.heads, self.info = load_heads(target, cfg)
@@ -186,14 +189,6 @@ class Medusa(Method):
                 default_tree = TokenTree.cartesian(sizes).paths[1:]
                 self.info["tree_source"] += f"; dense tree sizes={sizes}"
         self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"), default_tree)
-        self.acceptance = str(cfg.get("acceptance", "auto"))
-        if self.acceptance not in ("auto", "typical"):
-            raise SpecBenchError(f"unknown medusa acceptance {self.acceptance!r}; allowed: auto, typical")
-        self.lossless = self.acceptance != "typical" or sampling.greedy  # typical at T=0 is greedy
-        self.epsilon = float(cfg.get("epsilon", 0.09))
-        self.delta = float(cfg.get("delta", 0.3))
-        self.mask = self.tree.mask.to(target.device)
-        self.depths = self.tree.depths.to(target.device)
         # ranks needed per depth
         self.ranks = [0] * self.tree.max_depth
         for p in self.tree.paths[1:]:
@@ -205,33 +200,13 @@ class Medusa(Method):
             d["baseline_weights"] = self.baseline_weights
         d |= {"tree_nodes": len(self.tree) - 1, "tree_depth": self.tree.max_depth, "acceptance": self.acceptance}
         if self.acceptance == "typical":
-            d |= {"epsilon": self.epsilon, "delta": self.delta}
+            d |= {"epsilon": self.verifier.epsilon, "delta": self.verifier.delta}
         return d
 
-    def start(self, prompt: list[int]) -> int:
-        self.tokens = list(prompt)
-        self.cache = self.target.new_cache()
-        with self.timer.phase("prefill"):
-            logits, hidden = self.target.forward(self.tokens, self.cache, last_only=True)
-            tok = next_token(logits[-1], self.sampling, self.gen)
-        self.h_last = hidden[-1]
-        self.tokens.append(tok)
-        return tok
+    def verify_widths(self) -> list[int]:
+        return [len(self.tree)]
 
-    def step(self, budget: int) -> StepResult:
-        t, tree = self.target, self.tree
-        with self.timer.phase("draft"):
-            ranked = [torch.topk(self.heads.head(d, self.h_last), r).indices.tolist() for d, r in enumerate(self.ranks)]
-            nodes = tree.node_tokens(self.tokens[-1], ranked)
-        with self.timer.phase("verify"):
-            L = self.cache.length()
-            logits, hidden = t.forward(nodes, self.cache, positions=L + self.depths, tree_mask=self.mask)
-            if self.acceptance == "typical":
-                path, tok = verify_tree_typical(tree, nodes, logits, self.sampling.temperature, self.epsilon, self.delta)
-            else:
-                path, tok = verify_tree_sampling(tree, nodes, logits, self.sampling, self.gen)
-            self.cache.keep(L, path)
-            self.h_last = hidden[path[-1]]
-        accepted = [nodes[j] for j in path[1:]]
-        self.tokens += accepted + [tok]
-        return StepResult(accepted + [tok], tree.max_depth, len(accepted))
+    def propose(self, k_max: int) -> Proposal:
+        # the heads read the final hidden state of the last verified position (the loop keeps it)
+        ranked = [torch.topk(self.heads.head(d, self.target_hidden), r).indices.tolist() for d, r in enumerate(self.ranks)]
+        return Proposal(self.tree.node_tokens(self.tokens[-1], ranked)[1:], tree=self.tree)

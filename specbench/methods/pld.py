@@ -10,6 +10,7 @@ controller still caps the length (fixed K by default; its confidence input is 1.
 from __future__ import annotations
 
 from specbench.control import DraftInfo
+from specbench.engine.verify import Proposal
 from specbench.methods.base import SpeculativeMethod, register_method
 
 
@@ -40,4 +41,4 @@ class PromptLookup(SpeculativeMethod):
             with self.timer.phase("control"):
                 if not self.controller.keep_drafting(DraftInfo(len(drafts), 1.0, None, self.target_hidden)):
                     break
-        return drafts, None
+        return Proposal(drafts)

@@ -12,9 +12,9 @@ holds the committed tokens except the pending one, `self.tokens[-1]`):
   passed explicitly (pending token at `len(self.tokens) - 1`, the j-th draft token after it),
   because the adapter's default position is each layer's own cache length;
 * the draft's entries are computed from draft hidden states, so they are dropped: at the end of
-  drafting the cache is cropped back to the committed length in every layer, and verification
-  (the default `score`) recomputes [pending token + drafts] with the full model in all layers;
-* after verification the default `rollback` crops to the accepted length, as for any method.
+  drafting the decode loop (`SpeculativeMethod.draft_candidates`) crops the cache back to the committed
+  length in every layer, and verification recomputes [pending token + drafts] with the full
+  model in all layers; after verification the loop crops to the accepted length, as for any method.
 
 Drafting therefore attends to the full model's entries for committed tokens and to the draft's
 own entries for earlier draft tokens of the same round (the paper's shared-cache drafting).
@@ -178,8 +178,5 @@ class SelfSD(SpeculativeMethod):
             logits, hidden = self.target.forward([tok], self.cache, positions=pos, skip=self.skip, last_only=True)
             return logits[-1], hidden[-1]
 
-        try:
-            return self.draft_loop(k_max, next_draft)
-        finally:
-            # drop the draft's own entries: verification recomputes them with every layer
-            self.cache.crop(base)
+        # the draft's own entries in the shared cache are dropped by the decode loop (`draft`)
+        return self.draft_loop(k_max, next_draft)

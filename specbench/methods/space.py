@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from specbench.artifacts import load_checkpoint, trained_summary
-from specbench.engine.sampling import probs, sample, verify_greedy, verify_sampling
+from specbench.engine.sampling import probs, sample
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
+from specbench.engine.verify import Layout, Proposal
 from specbench.errors import SpecBenchError, choice_error
-from specbench.methods.base import Method, StepResult, register_method
+from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter
 
 MASK = -1
@@ -113,10 +114,10 @@ def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, di
 
 
 @register_method
-class Space(Method):
+class Space(SpeculativeMethod):
     name = "space"
-    needs_training = "SAR-SFT fine-tuned model"
     baseline_weights = "fine-tuned"
+    uses_controller = False  # k candidates per step, fixed by the SAR-SFT training
 
     def __init__(self, target, cfg, sampling, ctx=None):
         ft, self.mask_embed, self.info = load_space(target, cfg)
@@ -138,44 +139,35 @@ class Space(Method):
         return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"} | {
             "baseline_weights": self.baseline_weights}
 
+    def verify_widths(self) -> list[int]:
+        return [len(self.layout)]
+
     def _forward(self, ids, positions=None, tree_mask=None) -> torch.Tensor:
         t = self.target
         h = t.run_layers(self.mask_embed(t, ids), self.cache, positions=positions, tree_mask=tree_mask)
-        return t.lm_head(t.norm(h))[0]
+        return t.lm_head(t.norm(h))[0], h[0]
 
-    def _candidates(self, rows: torch.Tensor) -> None:
+    def prefill(self, ids: list[int]):
+        """[prompt, M*k] causally (the SAR-SFT training format): the masks give the first
+        candidates; the loop then drops the masks' cache entries."""
+        logits, hidden = self._forward(ids + [MASK] * self.k)
+        n = len(ids)
+        self.mask_rows = logits[n:]
+        return logits[n - 1 : n], hidden[n - 1 : n]
+
+    def propose(self, k_max: int) -> Proposal:
+        rows = self.mask_rows
         if self.sampling.greedy:
-            self.cands, self.q = rows.argmax(-1).tolist(), None
+            cands, q = rows.argmax(-1).tolist(), None
         else:
-            self.q = probs(rows, self.sampling)
-            self.cands = [sample(self.q[j], self.gen) for j in range(len(rows))]
+            q = probs(rows, self.sampling)
+            cands = [sample(q[j], self.gen) for j in range(len(rows))]
+        feed = [self.tokens[-1] if kind == "x" else (cands[i - 1] if kind == "c" else MASK) for kind, i in self.layout]
+        return Proposal(cands, q, layout=Layout(feed, self.mask, self.pos, self.real_idx))
 
-    def start(self, prompt: list[int]) -> int:
-        self.tokens = list(prompt)
-        self.cache = self.target.new_cache()
-        with self.timer.phase("prefill"):
-            logits = self._forward(self.tokens + [MASK] * self.k)
-            n = len(self.tokens)
-            row = logits[n - 1]
-            tok = int(row.argmax()) if self.sampling.greedy else sample(probs(row, self.sampling), self.gen)
-            self._candidates(logits[n:])
-            self.cache.crop(n)
-        self.tokens.append(tok)
-        return tok
+    def verify_forward(self, prop, feed, mask, positions):
+        return self._forward(feed, positions=positions, tree_mask=mask)
 
-    def step(self, budget: int) -> StepResult:
-        with self.timer.phase("verify"):
-            ids = [self.tokens[-1] if kind == "x" else (self.cands[i - 1] if kind == "c" else MASK) for kind, i in self.layout]
-            L = self.cache.length()
-            logits = self._forward(ids, positions=L + self.pos, tree_mask=self.mask)
-            rows = logits[self.real_idx]
-            if self.sampling.greedy:
-                n, tok = verify_greedy(rows, self.cands)
-            else:
-                n, tok = verify_sampling(rows, self.cands, self.q, self.sampling, self.gen)
-            self.cache.keep(L, self.real_idx[: n + 1])
-            accepted = self.cands[:n]
-        with self.timer.phase("draft"):
-            self._candidates(logits[self.groups[n]])
-        self.tokens += accepted + [tok]
-        return StepResult(accepted + [tok], self.k, n)
+    def after_verify(self, prop, path, rows, hidden, logits) -> None:
+        # the mask group after the last accepted candidate holds the next step's candidates
+        self.mask_rows = logits[self.groups[len(path) - 1]]

@@ -70,6 +70,5 @@ class VanillaSD(SpeculativeMethod):
 
         return self.draft_loop(k_max, next_draft)
 
-    def rollback(self) -> None:
-        super().rollback()
+    def after_verify(self, prop, path, rows, hidden, logits) -> None:
         self.dcache.crop(len(self.tokens) - 1)

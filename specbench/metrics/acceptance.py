@@ -11,6 +11,8 @@ Draft tokens cut off by EOS or max_new_tokens count as drafted but not as accept
 
 from __future__ import annotations
 
+from specbench.metrics.steps import StepStats, as_steps
+
 
 def harmonic_mean(v_d: float | None, r_d: float | None) -> float | None:
     if v_d is None or r_d is None:
@@ -20,12 +22,13 @@ def harmonic_mean(v_d: float | None, r_d: float | None) -> float | None:
     return 2 * v_d * r_d / (v_d + r_d) * 100
 
 
-def acceptance_metrics(steps: list[tuple[int, int, int]], n_tokens: int, n_sequences: int = 1) -> dict:
-    """steps: (drafted, accepted, accepted and kept) per decoding step; n_tokens: L over
-    n_sequences generated sequences (each has one token from the prefill, not from a step)."""
+def acceptance_metrics(steps: list[StepStats], n_tokens: int, n_sequences: int = 1) -> dict:
+    """steps: one StepStats (or stored row) per decoding step; n_tokens: L over n_sequences
+    generated sequences (each has one token from the prefill, not from a step)."""
+    steps = as_steps(steps)
     n_steps = len(steps)
-    drafted = sum(s[0] for s in steps)
-    right = sum(s[2] for s in steps)
+    drafted = sum(s.drafted for s in steps)
+    right = sum(s.kept for s in steps)
     v_d = right / drafted if drafted else None
     r_d = right / n_tokens if n_tokens else None
     return {
@@ -42,14 +45,15 @@ def acceptance_metrics(steps: list[tuple[int, int, int]], n_tokens: int, n_seque
     }
 
 
-def position_acceptance(steps: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
+def position_acceptance(steps: list[StepStats]) -> tuple[list[int], list[int]]:
     """Per draft position j (0-based): how often it was drafted and how often accepted."""
-    k = max((s[0] for s in steps), default=0)
+    steps = as_steps(steps)
+    k = max((s.drafted for s in steps), default=0)
     drafted, accepted = [0] * k, [0] * k
-    for d, _, kept in steps:
-        for j in range(d):
+    for s in steps:
+        for j in range(s.drafted):
             drafted[j] += 1
-            if j < kept:
+            if j < s.kept:
                 accepted[j] += 1
     return drafted, accepted
 

@@ -2,8 +2,10 @@
 
 `predicted_speedup` uses what was measured in isolation or per phase: the target's cost for
 one token T(1) and for a forward over k tokens T(k) (profiled at start-up), and the method's
-mean draft cost per drafted token. For each decoding step s with k_s drafted tokens the
-predicted time is k_s * c_draft + T(k_s + 1); AR needs L * T(1) for the same L tokens. The
+mean draft cost per drafted token. For each decoding step s with k_s drafted tokens whose
+verification ran over v_s tokens (a chain: k_s + 1; a tree: every node, e.g. Medusa's 64, not
+its depth + 1; SPACE: its whole mask layout) the predicted time is k_s * c_draft + T(v_s); AR
+needs L * T(1) for the same L tokens. The
 gap between predicted and measured speedup is what the model leaves out: controller time,
 harness overhead, prefill, and any verification savings a method has (EESD reuses its first N
 layers, so its real verify cost is below T(k+1)).
@@ -13,6 +15,8 @@ costs the same as one target token: speedup = v_d / ((alpha - v_d) r_d + v_d), a
 """
 
 from __future__ import annotations
+
+from specbench.metrics.steps import StepStats, as_steps
 
 
 def interp_cost(costs: dict[int, float], k: int) -> float:
@@ -32,12 +36,12 @@ def interp_cost(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
-def predicted_speedup(steps: list[tuple[int, int, int]], n_tokens: int, draft_cost: float,
+def predicted_speedup(steps: list[StepStats], n_tokens: int, draft_cost: float,
                       forward_costs: dict[int, float], n_sequences: int = 1) -> float | None:
     if not steps or not forward_costs or n_tokens <= n_sequences:
         return None
     t1 = interp_cost(forward_costs, 1)
-    method = sum(d * draft_cost + interp_cost(forward_costs, d + 1) for d, _, _ in steps)
+    method = sum(s.drafted * draft_cost + interp_cost(forward_costs, s.cost_tokens) for s in as_steps(steps))
     # both sides exclude the prefills and their first tokens
     return (n_tokens - n_sequences) * t1 / method if method > 0 else None
 

@@ -1,0 +1,76 @@
+"""One decode loop: every method proposes, `SpeculativeMethod.step` verifies and commits.
+
+Invariants a plausible regression breaks: a method with a `step()` of its own (a second loop,
+with its own verification and cache handling); a rollback of the target's cache outside the
+loop; a method that reads a controller's name to wire it up; a tree step that records only its
+depth, so the cost model charges T(depth + 1) for a forward over every node."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import specbench.methods  # noqa: F401 - registration
+from helpers import build, method_cfg, tiny_model
+from specbench.control import CONTROLLERS
+from specbench.metrics import StepStats, predicted_speedup
+from specbench.methods.base import METHODS, ARMethod, SpeculativeMethod
+
+METHODS_DIR = Path(specbench.methods.__file__).parent
+
+
+def test_every_method_runs_the_one_loop():
+    for name, cls in METHODS.items():
+        if cls.external_loop or cls is ARMethod:
+            continue
+        assert issubclass(cls, SpeculativeMethod), f"{name} is not a proposer of the shared loop"
+        assert cls.step is SpeculativeMethod.step, f"{name} overrides the decode loop (step)"
+
+
+def test_only_the_loop_rolls_the_target_cache_back():
+    for path in METHODS_DIR.glob("*.py"):
+        if path.name == "base.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("crop", "keep"):
+                owner = ast.unparse(node.value)
+                assert owner != "self.cache", f"{path.name} rolls the target's cache back itself ({owner}.{node.attr})"
+
+
+def test_no_method_reads_a_controller_name():
+    names = set(CONTROLLERS)
+    for path in METHODS_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in names, f"{path.name} names the controller {node.value!r}"
+
+
+def test_cost_model_charges_the_verified_width():
+    costs = {1: 1.0, 5: 1.2, 16: 1.5, 64: 3.0}
+    tree_step = StepStats(drafted=4, accepted=2, kept=2, verified=64)
+    # 10 steps of 3 tokens each: AR pays 30 * T(1); the tree pays T(64) per step, drafting free
+    got = predicted_speedup([tree_step] * 10, 31, 0.0, costs)
+    assert got == pytest.approx(30 * 1.0 / (10 * 3.0))
+    assert StepStats.of([4, 2, 2]).cost_tokens == 5  # rows stored before `verified`: a chain
+
+
+@pytest.mark.parametrize("name, extra, width", [
+    ("medusa", {"tree_from_accuracies": None, "sizes": [2, 2, 1, 1]}, lambda m: len(m.tree)),
+    ("space", {"k": 3}, lambda m: len(m.layout)),
+    ("eagle", {"top_k": 3, "depth": 3, "num_nodes": 10}, None),
+    ("vanilla_sd", {"draft": {"num_layers": 1, "checkpoint": None}}, None),
+])
+def test_steps_record_what_verification_ran_over(name, extra, width, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    m = build(name, tiny_model(), method_cfg(name, allow_untrained=True, **extra))
+    g = m.generate([5, 17, 99, 3, 42, 8], 24, frozenset(), 0)
+    assert g.steps
+    for s in g.steps:
+        if width is not None:
+            assert s.verified == width(m)
+        elif name == "eagle":
+            assert s.drafted < s.verified <= m.num_nodes + 1  # the reranked tree, root included
+        else:
+            assert s.verified == s.drafted + 1  # a chain
