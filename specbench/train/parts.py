@@ -13,9 +13,9 @@ so trainer modules can import it without a cycle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from omegaconf import OmegaConf
 
