@@ -161,7 +161,7 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
 
 
 SYSTEM_COLUMNS = ["", "tokens", Column("wall s", spec=".2f"), Column("tok/s", spec=".2f"), Column("quality", align="<")]
-CATEGORY_COLUMNS = ["category", "samples", Column("speedup", spec=".3f"), Column("tau", spec=".2f")]
+CATEGORY_COLUMNS = ["category", "samples", Column("speedup", align="<"), Column("tau", align="<")]  # labelled cells, no header
 
 
 def print_summary(s: dict, meta: dict) -> str:
@@ -195,9 +195,9 @@ def print_summary(s: dict, meta: dict) -> str:
             "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")
         )
         if s.get("per_category"):
-            rows = [[c, cs["samples"], cs.get("speedup"), (cs.get("acceptance") or {}).get("tau")]
-                    for c, cs in s["per_category"].items()]
-            lines += ["per category:", table.text(CATEGORY_COLUMNS, rows, indent="  ")]
+            rows = [[c, f"{cs['samples']} samples", f"speedup {_fmt(cs.get('speedup'), '.3f')}x",
+                     f"tau {_fmt((cs.get('acceptance') or {}).get('tau'), '.2f')}"] for c, cs in s["per_category"].items()]
+            lines += ["per category:", table.text(CATEGORY_COLUMNS, rows, indent="  ", header=False)]
     text = "\n".join(lines)
     print(text)
     return text

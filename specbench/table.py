@@ -82,9 +82,11 @@ def markdown(columns: Sequence[Column | str], rows) -> str:
     return "\n".join([line(c.title for c in cols), rule, *(line(r) for r in _cells(cols, rows))])
 
 
-def text(columns: Sequence[Column | str], rows, indent: str = "", gap: int = 2) -> str:
+def text(columns: Sequence[Column | str], rows, indent: str = "", gap: int = 2, header: bool = True) -> str:
     cols = _columns(columns)
-    body = [[c.title for c in cols], *_cells(cols, rows)]
+    body = ([[c.title for c in cols]] if header else []) + _cells(cols, rows)
+    if not body:
+        return ""
     widths = [max(len(r[i]) for r in body if i < len(r)) for i in range(len(cols))]
 
     def line(cells):

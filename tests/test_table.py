@@ -44,6 +44,8 @@ def test_text_columns_line_up():
 def test_empty_rows_give_the_header_alone():
     assert markdown(COLS, []).splitlines() == ["| method | tok/s | note |", "|---|---:|---|"]
     assert text(COLS, []).split() == ["method", "tok/s", "note"]
+    assert text(COLS, [], header=False) == ""
+    assert text(COLS, [["a", 1.0, "b"], ["ccc", 22.0, "d"]], header=False).splitlines() == ["a     1.00  b", "ccc  22.00  d"]
     assert latex(COLS, []).splitlines()[1:-1] == ["\\toprule", "method & tok/s & note \\\\", "\\midrule", "\\bottomrule"]
 
 
