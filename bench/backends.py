@@ -31,6 +31,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from specbench.table import Column, markdown  # after the path is set
+
 KS = list(range(1, 17))
 
 
@@ -173,12 +175,10 @@ def main() -> None:
 def report(args, rows, profiles) -> str:
     import transformers
 
-    head = "| backend | T(1) ms | " + " | ".join(f"T({k})" for k in KS) + " | AR tok/s | AR vs eager | =AR |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        vs = "-" if r["ar_vs_eager"] is None else f"{r['ar_vs_eager']:.2f}x"
-        lines.append(f"| {r['backend']} | {r['T1_ms']:.1f} | " + " | ".join(f"{r['ratios'][k]:.2f}" for k in KS)
-                     + f" | {r['ar_tok_s']:.2f} | {vs} | {r['matches_ar']} |")
+    columns = ["backend", Column("T(1) ms", spec=".1f"), *(Column(f"T({k})", spec=".2f") for k in KS),
+               Column("AR tok/s", spec=".2f"), "AR vs eager", "=AR"]
+    cells = [[r["backend"], r["T1_ms"], *(r["ratios"][k] for k in KS), r["ar_tok_s"],
+              None if r["ar_vs_eager"] is None else f"{r['ar_vs_eager']:.2f}x", r["matches_ar"]] for r in rows]
     meta = [
         f"- command: python {' '.join(sys.argv)}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}; {platform.processor() or platform.machine()}, {args.threads} torch threads; "
@@ -189,7 +189,7 @@ def report(args, rows, profiles) -> str:
         "the median per-sample ratio to eager measured back to back",
         f"- =AR: samples where {args.method} (K={args.k}) returned exactly AR's tokens, both on the same backend",
     ]
-    body = ["# Linear-layer backends on the embedded model", "", *meta, "", *lines, ""]
+    body = ["# Linear-layer backends on the embedded model", "", *meta, "", markdown(columns, cells), ""]
     for b, table in profiles.items():
         body += [f"## profile: {b}, k=8 after 200 cached tokens, 3 forwards", "", "```", table, "```", ""]
     return "\n".join(body)

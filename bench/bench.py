@@ -27,6 +27,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from specbench.table import Column, markdown  # after the path is set
+
 SUITES = {
     "core": {
         "tasks": ["gsm8k"],
@@ -148,24 +150,15 @@ def main() -> None:
     (out / f"{args.suite}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
 
 
-def _f(x, spec):
-    return "-" if x is None else format(x, spec)
+COLUMNS = [Column("task"), Column("run", align="<"), Column("n", "samples"), Column("AR tok/s", "ar_tok_s", ".2f"),
+           Column("tok/s", "tok_s", ".2f"), Column("speedup", spec=".3f"), Column("predicted", spec=".3f"),
+           Column("v_d", spec=".3f"), Column("r_d", spec=".3f"), Column("HM", "hm", ".2f"), Column("tau", spec=".2f"),
+           Column("=AR", "same_as_ar"), Column("draft%", spec=".1f"), Column("verify%", spec=".1f"),
+           Column("control%", spec=".1f"), Column("other%", spec=".2f"), Column("prefill%", spec=".1f")]
 
 
 def format_table(rows) -> str:
-    head = "| task | run | n | AR tok/s | tok/s | speedup | predicted | v_d | r_d | HM | tau | =AR | draft% | verify% | control% | other% | prefill% |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['task']} | {r['run']} | failed: {r['error'][:80]} |")
-            continue
-        lines.append(
-            f"| {r['task']} | {r['run']} | {r['samples']} | {_f(r['ar_tok_s'], '.2f')} | {_f(r['tok_s'], '.2f')} | "
-            f"{_f(r['speedup'], '.3f')} | {_f(r['predicted'], '.3f')} | {_f(r['v_d'], '.3f')} | {_f(r['r_d'], '.3f')} | "
-            f"{_f(r['hm'], '.2f')} | {_f(r['tau'], '.2f')} | {r['same_as_ar']} | {r['draft%']:.1f} | {r['verify%']:.1f} | "
-            f"{r['control%']:.1f} | {r['other%']:.2f} | {r['prefill%']:.1f} |"
-        )
-    return "\n".join(lines)
+    return markdown(COLUMNS, [[r["task"], r["run"], f"failed: {r['error'][:80]}"] if "error" in r else r for r in rows])
 
 
 if __name__ == "__main__":

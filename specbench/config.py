@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -29,6 +30,25 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("method", "task", "model", "control", "experiment")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_COMBINATIONS = 256  # beyond: each swept value once, the other keys at their first value
+
+
+PAPER_CONTROL_FALLBACK = "fixed"  # the default controller of a method without conf/control/paper/<method>.yaml
+
+
+def register_paper_control_fallbacks(conf_dir: Path = CONF_DIR) -> list[str]:
+    """`control: paper/${method}` (conf/config.yaml) picks each method's paper default controller;
+    the file is optional: for a method without one, `control/paper/<method>` is registered in
+    Hydra's config store as PAPER_CONTROL_FALLBACK (a file, where there is one, is found first).
+    Runs when this module is imported, which every entry point does before composing."""
+    store = ConfigStore.instance()
+    missing = sorted(p.stem for p in (conf_dir / "method").glob("*.yaml")
+                     if not (conf_dir / "control" / "paper" / p.name).is_file())
+    for name in missing:
+        store.store(group="control/paper", name=name, node={"defaults": [f"/control/{PAPER_CONTROL_FALLBACK}@_here_"]})
+    return missing
+
+
+register_paper_control_fallbacks()
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import statistics
 
+from specbench import table
 from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
 from specbench.metrics.costmodel import interp_cost
 from specbench.profiling import refit_costs
 from specbench.stats import pooled_speedup_ci
+from specbench.table import Column
 
 CI_DEFAULTS = {"level": 0.95, "resamples": 2000, "seed": 0, "max_rel_width": 0.2}
 
@@ -158,6 +160,10 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
     return lines
 
 
+SYSTEM_COLUMNS = ["", "tokens", Column("wall s", spec=".2f"), Column("tok/s", spec=".2f"), Column("quality", align="<")]
+CATEGORY_COLUMNS = ["category", "samples", Column("speedup", align="<"), Column("tau", align="<")]  # labelled cells, no header
+
+
 def print_summary(s: dict, meta: dict) -> str:
     lines = [
         f"\n== {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {s['samples']} samples ==",
@@ -168,11 +174,10 @@ def print_summary(s: dict, meta: dict) -> str:
         lines.append("note: the draft is untrained (run `python -m specbench.train` to distil it); expect a slowdown")
     if s["samples"]:
         ar, m = s["ar"], s["method"]
-        lines.append(f"{'':10}{'tokens':>8}{'wall s':>9}{'tok/s':>8}   quality")
         systems = [("AR", ar), (meta["method"], m)] + ([("AR base", s["base"])] if "base" in s else [])
-        for name, d in systems:
-            qual = ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"
-            lines.append(f"{name[:10]:10}{d['new_tokens']:>8}{d['wall']:>9.2f}{_fmt(d['tokens_per_s'], '.2f'):>8}   {qual}")
+        rows = [[name, d["new_tokens"], d["wall"], d["tokens_per_s"],
+                 ", ".join(f"{k}={v:.3f}" for k, v in d["quality"].items()) or "n/a"] for name, d in systems]
+        lines.append(table.text(SYSTEM_COLUMNS, rows))
         if "base" in s:
             lines.append(f"AR base = original weights; its output follows AR's (fine-tuned) for {_fmt(s['base'].get('agreement'))}"
                          " of AR's tokens (common prefix)")
@@ -190,10 +195,9 @@ def print_summary(s: dict, meta: dict) -> str:
             "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")
         )
         if s.get("per_category"):
-            lines.append("per category:")
-        for c, cs in (s.get("per_category") or {}).items():
-            tau = (cs.get("acceptance") or {}).get("tau")
-            lines.append(f"  {c[:22]:22} {cs['samples']:>4} samples  speedup {_fmt(cs.get('speedup'), '.3f')}x  tau {_fmt(tau, '.2f')}")
+            rows = [[c, f"{cs['samples']} samples", f"speedup {_fmt(cs.get('speedup'), '.3f')}x",
+                     f"tau {_fmt((cs.get('acceptance') or {}).get('tau'), '.2f')}"] for c, cs in s["per_category"].items()]
+            lines += ["per category:", table.text(CATEGORY_COLUMNS, rows, indent="  ", header=False)]
     text = "\n".join(lines)
     print(text)
     return text

@@ -51,3 +51,10 @@ def test_greedy_equals_ar(method, controller, tmp_path, monkeypatch):
     for prompt in PROMPTS:
         got = m.generate(prompt, 24, frozenset(), 0)
         assert got.tokens == ar_tokens(ref, prompt, 24), f"{method} with {controller} differs from AR on {prompt}"
+
+
+def test_every_registered_method_has_its_yaml_and_every_yaml_its_method():
+    """Methods are discovered (specbench/methods/__init__.py), configs are files: both ways round."""
+    files = {p.stem: OmegaConf.load(p).get("name") for p in (CONF / "method").glob("*.yaml")}
+    assert sorted(METHODS) == sorted(files), "registered methods and conf/method/*.yaml differ"
+    assert all(files[m] == m for m in METHODS), {m: files[m] for m in METHODS if files[m] != m}

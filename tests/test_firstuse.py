@@ -15,7 +15,9 @@ import specbench.runner as runner
 from helpers import CONF
 from specbench import artifacts, firstuse
 from specbench.errors import SpecBenchError
+from specbench.methods import METHODS as REGISTERED
 from specbench.models import load_model
+from specbench.train.session import FIRST_USE, TRAINERS
 
 # a tiny first-use budget: seconds on the tiny model
 TINY_BUDGET = [
@@ -26,8 +28,10 @@ TINY_BUDGET = [
     "train.first_use.train.cali_predictor.epochs=1", "train.first_use.skip_search.iterations=2",
     "train.first_use.skip_search.num_prompts=1", "train.first_use.skip_search.max_new_tokens=8",
 ]
-METHODS = ["ar", "hf_assisted", "vanilla_sd", "pld",  # hf_assisted first: vanilla_sd trains the same draft
-           "self_sd", "eesd", "medusa", "space", "eagle"]
+# every registered method, from the registry; hf_assisted sorts before vanilla_sd, which then finds
+# the draft hf_assisted trained (the one checkpoint both load)
+METHODS = sorted(REGISTERED)
+SHARES_AN_EARLIER_PART = {"vanilla_sd"}
 TASKS = ["gsm8k", "xsum", "humaneval", "mt_bench", "jsonl"]
 TRAINED = {  # method -> describe() key saying its trained part was loaded
     "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained", "eagle": "head_trained",
@@ -57,8 +61,9 @@ def test_every_method_runs_from_an_empty_cache(method, tmp_path, data_dir, share
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(shared_cache))
     cfg = cfg_for(tmp_path, data_dir, f"method={method}", "task=gsm8k")
     target = load_model(cfg.model)
-    # vanilla_sd's draft is the one hf_assisted trained just before (the same checkpoint)
-    assert bool(firstuse.missing_parts(cfg, target)) == (method not in ("ar", "pld", "vanilla_sd"))
+    missing = firstuse.missing_parts(cfg, target)
+    assert bool(missing) == (method in FIRST_USE and method not in SHARES_AN_EARLIER_PART)
+    assert all(p.train in TRAINERS for p in missing if isinstance(p.train, str))
     s = runner.run(cfg, target)
     assert not firstuse.missing_parts(cfg, target)
     assert s["samples"] == 2 and s["matches_ar"] == 2
@@ -194,12 +199,31 @@ def test_damaged_checkpoints_are_one_line_errors_naming_the_file(damage):
     assert str(path) in msg and "python -m specbench.train method=medusa model=tiny-llama" in msg and "\n" not in msg
 
 
-def test_every_registered_method_is_covered_here():
-    """A new method must run from an empty cache too: it joins METHODS above (and FIRST_USE
-    in specbench/firstuse.py when it has a trained part)."""
-    from specbench.methods.base import METHODS as REGISTERED
+def test_first_use_registry_matches_the_methods_and_trainers():
+    """Parts are declared for registered methods only, and a method with a trainer of its own
+    declares what it loads (else it could never be trained on first use)."""
+    assert set(FIRST_USE) <= set(REGISTERED), set(FIRST_USE) - set(REGISTERED)
+    assert set(TRAINERS) & set(REGISTERED) <= set(FIRST_USE), (set(TRAINERS) & set(REGISTERED)) - set(FIRST_USE)
 
-    assert sorted(REGISTERED) == sorted(METHODS)
+
+def test_a_method_without_a_paper_control_file_gets_the_fallback(tmp_path):
+    """conf/control/paper/<method>.yaml is optional: without it `fixed`, and control= still wins."""
+    import shutil
+
+    from specbench.config import PAPER_CONTROL_FALLBACK, register_paper_control_fallbacks
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "method" / "brand_new.yaml").write_text("name: brand_new\n")
+    assert register_paper_control_fallbacks(conf) == ["brand_new"]
+
+    def composed(*o):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return compose("config", overrides=list(o))
+
+    assert composed("method=brand_new").control.name == PAPER_CONTROL_FALLBACK == "fixed"
+    assert composed("method=brand_new", "control=beta_ts").control.name == "beta_ts"
+    assert composed("method=eesd").control.name == "cali_ts"  # a file, where there is one, is used
 
 
 def test_medusa2_trains_on_first_use(tmp_path, data_dir, monkeypatch):

@@ -1,22 +1,17 @@
-"""Decoding methods, registered by name in `base.METHODS` when their module is imported here.
+"""Decoding methods, registered by name in `base.METHODS` (`@register_method`) when their module
+is imported; every module of this package is imported here (specbench/discover.py), so a new
+method is its file `specbench/methods/<name>.py` plus `conf/method/<name>.yaml`.
 
 `build_method` lives in the package, not in base.py, so that building one needs no import of the
 package from inside it (the registry pattern would otherwise be an import cycle)."""
 
+from specbench.discover import import_submodules
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import choice_error
-from specbench.methods import (  # noqa: F401 - registration
-    eagle,
-    eesd,
-    hf_assisted,
-    medusa,
-    pld,
-    self_sd,
-    space,
-    vanilla_sd,
-)
 from specbench.methods.base import METHODS, Method, register_method
 from specbench.models import ModelAdapter
+
+import_submodules(__name__)  # registration: each method module registers itself on import
 
 __all__ = ["METHODS", "Method", "build_method", "register_method"]
 

@@ -1,4 +1,4 @@
-"""The report's tables: `make_tables(frame)` -> `Table`s, and one renderer for markdown and LaTeX.
+"""The report's tables: `make_tables(frame)` -> `Table`s, rendered in markdown and LaTeX by specbench.table.
 
   (a) method x task, HM and speedup (EESD Table 1 layout), one table per model
   (b) v_d / r_d / HM / tau / inference time / tokens/s / speedup / p-value (EESD Table 10),
@@ -19,9 +19,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from specbench import table
 from specbench.report.groups import PHASES, SELF, natural_key, num
 from specbench.report.load import Run, footer_text
 from specbench.stats import mean_std
+from specbench.table import tex_escape
 
 
 def _f(x, spec=".2f", suffix=""):
@@ -189,59 +191,37 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
     return tables
 
 
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-        "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "×": r"$\times$"}
-
-
-def tex_escape(s) -> str:
-    return "".join(_TEX.get(ch, ch) for ch in str(s))
-
-
-def md_escape(s) -> str:
-    return str(s).replace("|", "\\|")
-
-
 @dataclass(frozen=True)
 class Format:
-    """How one output format lays out a document of tables; `render` does the rest."""
+    """How one output format lays out a document of tables; the tables themselves are drawn by
+    specbench.table (the renderer shared with the bench scripts and the end-of-run summary)."""
 
-    escape: Callable[[object], str]
-    row: tuple[str, str, str]  # a row of cells: prefix, separator, suffix
+    table: Callable[[list[str], list[list[str]]], str]  # table.markdown or table.latex
     head: Callable[[list[Run]], list[str]]  # document preamble
-    open: Callable[[Table], list[str]]  # lines before a table's header row
-    rule: Callable[[Table], list[str]]  # lines between the header row and the body
-    close: Callable[[Table], list[str]]  # lines after the body
+    open: Callable[[Table], list[str]]  # lines before the table
+    close: Callable[[Table], list[str]]  # lines after it
 
 
 MARKDOWN = Format(
-    escape=md_escape,
-    row=("| ", " | ", " |"),
+    table=table.markdown,
     head=lambda runs: ["# specbench report", "", "Runs: " + footer_text(runs), ""],
     open=lambda t: [f"## {t.title}", ""],
-    rule=lambda t: ["|" + "|".join("---" for _ in t.header) + "|"],
     close=lambda t: (["", t.note] if t.note else []) + [""],
 )
 
 LATEX = Format(
-    escape=tex_escape,
-    row=("", " & ", " \\\\"),
+    table=table.latex,
     head=lambda runs: ["% specbench report; needs \\usepackage{booktabs}", "% " + footer_text(runs, sep="; ").replace("\n", " "), ""],
-    open=lambda t: ["\\begin{table}[ht]", "\\centering", "\\small", "\\begin{tabular}{l" + "r" * (len(t.header) - 1) + "}", "\\toprule"],
-    rule=lambda t: ["\\midrule"],
-    close=lambda t: ["\\bottomrule", "\\end{tabular}", f"\\caption{{{tex_escape(t.title)}. {tex_escape(t.note)}}}", "\\end{table}", ""],
+    open=lambda t: ["\\begin{table}[ht]", "\\centering", "\\small"],
+    close=lambda t: [f"\\caption{{{tex_escape(t.title)}. {tex_escape(t.note)}}}", "\\end{table}", ""],
 )
 
 
 def render(tables: list[Table], runs: list[Run], fmt: Format = MARKDOWN) -> str:
-    """The one table renderer: every table in `fmt` (MARKDOWN or LATEX), after a preamble describing `runs`."""
-    pre, sep, post = fmt.row
-
-    def line(cells) -> str:
-        return pre + sep.join(fmt.escape(c) for c in cells) + post
-
+    """Every table in `fmt` (MARKDOWN or LATEX), after a preamble describing `runs`."""
     out = fmt.head(runs)
     for t in tables:
-        out += fmt.open(t) + [line(t.header)] + fmt.rule(t) + [line(r) for r in t.rows] + fmt.close(t)
+        out += fmt.open(t) + [fmt.table(t.header, t.rows)] + fmt.close(t)
     return "\n".join(out)
 
 

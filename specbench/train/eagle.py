@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.models import ModelAdapter
 from specbench.artifacts import save_checkpoint
+from specbench.train.parts import checkpoint_part, first_use
 from specbench.train.trainers import _ce, _loop, _pad_id, _settings, _split, _write_log, eval_loss, trainer, with_labels
 
 
@@ -33,6 +34,9 @@ def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float 
     ce, agree = _ce(head.logits(pred[keep]).unsqueeze(0), lab[keep].unsqueeze(0))
     reg = F.smooth_l1_loss(pred[keep].float(), want[keep].float())
     return w_reg * reg + w_cls * ce, agree
+
+
+first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {"layers": 1, "bias": bool(m.get("bias", True))}))
 
 
 @trainer("eagle")

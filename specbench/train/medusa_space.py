@@ -20,9 +20,10 @@ import torch
 from torch.nn import functional as F
 
 from specbench.artifacts import save_checkpoint
-from specbench.methods.medusa import MedusaHeads
+from specbench.methods.medusa import MedusaHeads, medusa2_structure
 from specbench.methods.space import MASK, MaskedEmbed, finetuned_copy, space_structure
 from specbench.models import ModelAdapter
+from specbench.train.parts import checkpoint_part, first_use
 from specbench.train.trainers import (
     TRAINERS,
     _loop,
@@ -102,6 +103,14 @@ def medusa_accuracy(target, heads, sequences, tcfg, pad_id, ranks: int = 10, lim
             hits[k - 1, :r] += (top == tgt[valid].unsqueeze(-1)).double().sum(0).cpu()
             counts[k - 1] += float(valid.sum())
     return (hits / counts.clamp_min(1).unsqueeze(-1)).tolist()
+
+
+@first_use("medusa")
+def medusa_parts(cfg, target):
+    if cfg.method.get("variant", "medusa1") == "medusa2":  # the medusa trainer hands medusa2 to its own trainer
+        return checkpoint_part("the Medusa-2 backbone + heads (joint training)", "medusa2", medusa2_structure, "medusa")(cfg, target)
+    return checkpoint_part("the Medusa heads", "medusa",
+                           lambda m: {"num_heads": int(m.num_heads), "share_head": bool(m.share_head)})(cfg, target)
 
 
 @trainer("medusa")
@@ -190,6 +199,9 @@ def _apply_lora(ft: ModelAdapter, structure: dict):
     conf = LoraConfig(r=structure["lora_r"], lora_alpha=structure["lora_alpha"], lora_dropout=0.0,
                       target_modules=sorted(names))
     return get_peft_model(ft.model, conf)
+
+
+first_use("space")(checkpoint_part("the SPACE SAR-SFT weights", "space", space_structure))
 
 
 @trainer("space")

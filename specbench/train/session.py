@@ -1,15 +1,21 @@
 """One training session with an already loaded target: self-distillation data, then a trainer.
-Used by `python -m specbench.train` and by training on first use (specbench/firstuse.py)."""
+Used by `python -m specbench.train` and by training on first use (specbench/firstuse.py); the
+registries TRAINERS and FIRST_USE are complete once this module is imported."""
 
 from __future__ import annotations
 
 import os
 
-import specbench.train.eagle  # noqa: F401 - registers the eagle trainer
-import specbench.train.medusa2  # noqa: F401 - registers the Medusa-2 trainer (method.variant=medusa2)
-import specbench.train.medusa_space  # noqa: F401 - registers the medusa and space trainers
+from specbench.discover import import_submodules
 from specbench.train.data import build_sequences
+from specbench.train.parts import FIRST_USE
 from specbench.train.trainers import TRAINERS
+
+# every module of specbench.train is imported: each registers its trainers (`@trainer`) and the
+# first-use parts of its methods (`first_use`), so a new trainer is its file, listed nowhere
+import_submodules("specbench.train")
+
+__all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
 
 def train_model(cfg, target, trainer: str | None = None) -> dict:

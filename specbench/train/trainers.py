@@ -19,13 +19,14 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from specbench.artifacts import save_checkpoint
+from specbench.artifacts import checkpoint_path, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
 from specbench.methods.vanilla_sd import draft_num_layers
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.train.data import teacher_labels
+from specbench.train.parts import Part, checkpoint_part, first_use, train_minutes
 
 TRAINERS = {}
 
@@ -147,6 +148,17 @@ def _pad_id(target: ModelAdapter) -> int:
     return min(target.tokenizer.eos_ids) if target.tokenizer.eos_ids else 0
 
 
+@first_use("eesd")
+def eesd_parts(cfg, target):
+    """The exit layer, and the Cali-TS predictor trained with it when Cali-TS is the controller."""
+    structure = {"n_layers": int(cfg.method.n_layers), "head": cfg.method.get("head", "shared")}
+    parts = checkpoint_part("the EESD exit layer", "eesd", lambda m: structure)(cfg, target)
+    control = cfg.get("control") or {}
+    if parts and control.get("name") == "cali_ts" and control.get("predictor") in (None, "auto"):
+        parts.append(Part("the Cali-TS predictor", checkpoint_path("cali", target.key, structure), "eesd", train_minutes, "eesd"))
+    return parts
+
+
 @trainer("eesd")
 def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
 
@@ -261,6 +273,17 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
     path = save_checkpoint("cali", target.key, exit_.structure(), pred.state_dict(), settings)
     print(f"cali-ts predictor: {len(ex[3])} examples, held-out accuracy {acc:.3f} (majority baseline {max(base, 1 - base):.3f}); {path}")
     return {"cali": str(path), "cali_held_out_accuracy": acc}
+
+
+@first_use("vanilla_sd", "hf_assisted")
+def draft_parts(cfg, target):
+    """The distilled draft (both methods use the one checkpoint) unless another draft is given."""
+    d = cfg.method.get("draft") or {}
+    if d.get("source", "truncate") != "truncate" or cfg.method.get("mode", "assistant") != "assistant":
+        return []
+    n = draft_num_layers(d, target)
+    return checkpoint_part("the distilled vanilla-SD draft", "vanilla_draft", lambda m: {"n_layers": n},
+                           "vanilla_sd", "draft.checkpoint")(cfg, target)
 
 
 @trainer("vanilla_sd")

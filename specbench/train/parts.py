@@ -1,0 +1,65 @@
+"""What a method loads from the artifact cache, and how each part is trained on first use.
+
+A trainer module declares the parts of the method(s) it trains next to its trainer:
+
+    first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {...}))
+
+registers `FIRST_USE["eagle"]`, a function `(cfg, target) -> [Part]` listing the parts that
+method would load (given its config) and where. specbench/train/session.py imports every module
+of this package (so trainers and their first-use parts are found, not listed), and
+specbench/firstuse.py trains the missing ones. This module imports nothing of specbench.train,
+so trainer modules can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specbench.artifacts import checkpoint_path
+
+FIRST_USE: dict[str, Callable] = {}  # method name -> (cfg, target) -> [Part]
+
+
+@dataclass
+class Part:
+    what: str                       # "the EESD exit layer"
+    path: Path                      # where the method looks for it
+    train: str | Callable           # a TRAINERS name, or (cfg with the first-use budget, target) -> None
+    minutes: Callable               # (first-use cfg) -> rough duration in minutes
+    key: str = ""                   # parts with one key are trained by one call
+
+
+def first_use(*methods: str):
+    """Decorator: `fn(cfg, target) -> [Part]` lists what each of `methods` loads from the cache."""
+
+    def register(fn: Callable) -> Callable:
+        for m in methods:
+            FIRST_USE[m] = fn
+        return fn
+
+    return register
+
+
+def train_minutes(fcfg) -> float:
+    t = fcfg.train
+    return float(t.data.gen_minutes) + float(t.max_minutes) + 1.0  # + teacher labels, evaluation
+
+
+def checkpoint_part(what: str, kind: str, structure: Callable, trainer: str | None = None, where: str = "checkpoint"):
+    """Parts list for a method whose trained part is one checkpoint `kind` with `structure(method
+    cfg)`, trained by TRAINERS[trainer] (default: the method's name), looked up when
+    `method.<where>` is auto."""
+
+    def parts(cfg, target):
+        m = cfg.method
+        if OmegaConf.select(m, where, default="auto") != "auto" or m.get("allow_untrained", False):
+            return []
+        path = checkpoint_path(kind, target.key, structure(m))
+        name = trainer or m.name
+        return [Part(what, path, name, train_minutes, name)]
+
+    return parts

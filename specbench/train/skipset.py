@@ -1,0 +1,37 @@
+"""Self-SD's trained part: the skip set, found by the Bayesian-optimisation search of
+specbench/skipsearch.py (`python -m specbench.skipsearch` for the full budget). Declared here, with
+the other trained parts, so that first use finds it (specbench/train/parts.py)."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from specbench.artifacts import skip_result_path
+from specbench.config import CONF_DIR
+from specbench.methods.self_sd import model_key
+from specbench.skipsearch import gsm8k_train_prompts, save_result, search_skip_set
+from specbench.train.parts import Part, first_use
+
+
+def search(cfg, target, path) -> None:
+    s = cfg.train.first_use.skip_search
+    task = OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / "gsm8k.yaml"), {"data_dir": cfg.task.get("data_dir")})
+    prompts, ids = gsm8k_train_prompts(task, target.tokenizer, int(s.num_prompts), int(cfg.seed))
+    result = search_skip_set(target, prompts, iterations=int(s.iterations), max_new_tokens=int(s.max_new_tokens),
+                             k=int(s.k), seed=int(cfg.seed), sampler=str(s.sampler), progress=True, prompt_ids=ids)
+    save_result(result | {"model_key": model_key(target), "first_use": True}, path)
+
+
+def search_minutes(fcfg) -> float:
+    s = fcfg.skip_search
+    return (int(s.iterations) + 2) * int(s.num_prompts) * int(s.max_new_tokens) * 0.1 / 60  # ~0.1 s/token on CPU
+
+
+@first_use("self_sd")
+def skip_search_parts(cfg, target):
+    skip = cfg.method.get("skip") or {}
+    if skip.get("source", "auto") not in ("auto", "search") or skip.get("path") or skip.get("attn") or skip.get("mlp"):
+        return []
+    path = skip_result_path(skip.get("cache_dir"), model_key(target))
+    return [Part("the Self-SD skip set (Bayesian-optimisation search)", path,
+                 lambda cfg, target: search(cfg, target, path), search_minutes, "skip_search")]
