@@ -150,7 +150,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     ctx = {"control": cfg.get("control"), "cfg": cfg}
     method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)
     # SPACE changes the weights: its lossless reference is AR on the fine-tuned model
-    ar_target = method.finetuned_adapter if getattr(method, "baseline_weights", None) == "fine-tuned" else target
+    ar_target = method.finetuned_adapter or target
     ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
     max_new = check_context(samples, target, int(cfg.max_new_tokens))
     # only now, with everything validated, is anything written to disk
@@ -161,7 +161,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "task": cfg.task.name,
         "model": cfg.model.name,
         "model_key": getattr(ar_target, "key", None),
-        "baseline_weights": getattr(method, "baseline_weights", "base"),
+        "baseline_weights": method.baseline_weights,
         "dtype": str(target.dtype).replace("torch.", ""),
         "backend": backend_of(target.model),
         "device": str(target.device),

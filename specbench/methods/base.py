@@ -51,6 +51,13 @@ class Method:
     name = "base"
     lossless = True  # False where a paper's acceptance rule is lossy on purpose
     external_loop = False  # True for references whose library runs its own decode loop (hf_assisted)
+    # methods that decode with changed weights (SPACE, Medusa-2) set this to that model: AR on it is
+    # their lossless reference, and the runner also decodes with the original weights
+    finetuned_adapter: ModelAdapter | None = None
+
+    @property
+    def baseline_weights(self) -> str:
+        return "base" if self.finetuned_adapter is None else "fine-tuned"
 
     def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, ctx: dict | None = None):
         self.target = target
@@ -73,7 +80,8 @@ class Method:
 
     def describe(self) -> dict:
         """Settings worth recording with the results."""
-        return {"method": self.name, "lossless": self.lossless}
+        d = {"method": self.name, "lossless": self.lossless}
+        return d if self.finetuned_adapter is None else d | {"baseline_weights": self.baseline_weights}
 
     def verify_widths(self) -> list[int]:
         """Verification sizes the cost profile must measure beyond its k grid (a tree's nodes)."""

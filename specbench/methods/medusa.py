@@ -19,7 +19,7 @@ StepResult.n_drafted is the tree's depth (the longest candidate a step can accep
 acceptance rate is accepted / depth.
 
 `variant: medusa2` (train/medusa2.py): the backbone was fine-tuned jointly with the heads, so
-decoding runs on a fine-tuned copy (`finetuned_adapter`, `baseline_weights = "fine-tuned"`, as
+decoding runs on a fine-tuned copy (`finetuned_adapter`, so `baseline_weights` is "fine-tuned", as
 SPACE): lossless with respect to that copy, and the runner also decodes with the original weights.
 """
 
@@ -171,7 +171,7 @@ class Medusa(SpeculativeMethod):
             raise choice_error("medusa variant", variant, VARIANTS)
         if variant == "medusa2":
             ft, self.heads, self.info = load_medusa2(target, cfg)
-            self.baseline_weights, self.finetuned_adapter, self.base_target = "fine-tuned", ft, target
+            self.finetuned_adapter, self.base_target = ft, target
             target = ft
         self.acceptance = str(cfg.get("acceptance", "auto"))  # the loop's verifier: auto | typical
         if self.acceptance not in ACCEPTANCE:
@@ -196,8 +196,6 @@ class Medusa(SpeculativeMethod):
 
     def describe(self) -> dict:
         d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
-        if hasattr(self, "finetuned_adapter"):
-            d["baseline_weights"] = self.baseline_weights
         d |= {"tree_nodes": len(self.tree) - 1, "tree_depth": self.tree.max_depth, "acceptance": self.acceptance}
         if self.acceptance == "typical":
             d |= {"epsilon": self.verifier.epsilon, "delta": self.verifier.delta}

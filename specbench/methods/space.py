@@ -21,7 +21,7 @@ rejection the replacement drawn from norm(max(0, p - q)). (Algorithm 1, line 18,
 replacement from p itself, which is not exactly lossless; we use the residual.)
 
 The model's weights change, so the AR baseline must run on the fine-tuned model:
-`baseline_weights = "fine-tuned"` and `finetuned_adapter` is that model (a separate copy; the
+`finetuned_adapter` is that model (so `baseline_weights` is "fine-tuned") (a separate copy; the
 runner's target is left untouched).
 """
 
@@ -116,7 +116,6 @@ def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, di
 @register_method
 class Space(SpeculativeMethod):
     name = "space"
-    baseline_weights = "fine-tuned"
     uses_controller = False  # k candidates per step, fixed by the SAR-SFT training
 
     def __init__(self, target, cfg, sampling, ctx=None):
@@ -136,8 +135,7 @@ class Space(SpeculativeMethod):
         self.real_idx, self.groups = space_indices(layout, self.k)
 
     def describe(self) -> dict:
-        return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"} | {
-            "baseline_weights": self.baseline_weights}
+        return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
 
     def verify_widths(self) -> list[int]:
         return [len(self.layout)]
