@@ -1,6 +1,10 @@
 """Medusa-2: greedy output equals AR on the jointly trained weights, the training lowers both
 losses, the heads warm-up leaves the backbone untouched, a checkpoint reloads identically."""
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -9,7 +13,7 @@ from omegaconf import OmegaConf
 
 import specbench.runner as runner
 
-import specbench.train.medusa2  # noqa: F401 - registers the Medusa-2 trainer
+import specbench.train.medusa2 as medusa2  # registers the Medusa-2 trainer
 from specbench.errors import SpecBenchError
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.artifacts import load_checkpoint
@@ -150,3 +154,39 @@ def test_run_reports_base_weights_and_agreement(trained, tmp_path, data_dir, mon
         torch.set_grad_enabled(grad)
     assert s["matches_ar"] == 2 and s["meta"]["baseline_weights"] == "fine-tuned"
     assert "base" in s and 0 <= s["base"]["agreement"] < 1  # the trained backbone changed some greedy choice
+
+
+def test_lambda0_sine_ramp_weights_the_heads_loss_up_to_its_peak_at_the_last_step(tmp_path, monkeypatch):
+    """Joint loss = L_LM + lambda0(s) * L_Medusa-1, lambda0(s) = lambda0 * sin(pi/2 * (s+1)/S) over
+    the S planned joint steps (paper 4.2; the authors' trainer). With both losses pinned to
+    constants, each logged loss reveals the weight used at that step. Breaks on a constant weight,
+    a ramp on L_LM instead of the heads, a reversed ramp, or a ramp over the wrong steps (counting
+    the warm-up epoch, restarting each epoch)."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    A, B, peak = 2.0, 3.0, 0.5
+    real = medusa2.loss_parts
+
+    def pinned(*args, **kw):
+        lm, med, agree, same = real(*args, **kw)
+        return (None if lm is None else lm * 0 + A), med * 0 + B, agree, same
+
+    monkeypatch.setattr(medusa2, "loss_parts", pinned)
+    cfg = train_cfg(MCFG | {"lambda0": peak, "lambda0_schedule": "sine", "warmup_epochs": 1}, epochs=2)
+    torch.manual_seed(0)
+    path = TRAINERS["medusa2"](tiny_model(), cfg, tiny_sequences())["medusa2"]
+    log = json.loads(Path(path).with_suffix(".log.json").read_text())["log"]
+    joint = [r for r in log if r["stage"] == "joint"]
+    n_train = len(tiny_sequences()) - max(1, int(len(tiny_sequences()) * 0.25))
+    S = 2 * math.ceil(n_train / 4)
+    assert len(joint) == S and [r["stage"] for r in log[: len(log) - S]] == ["warm-up"] * (len(log) - S)
+    want = [peak * math.sin(math.pi / 2 * (s + 1) / S) for s in range(S)]
+    assert [r["loss"] for r in joint] == pytest.approx([A + w * B for w in want], rel=1e-6)
+    assert joint[-1]["lambda0"] == pytest.approx(peak) and joint[0]["lambda0"] < 0.3 * peak
+    assert all(r["loss"] == pytest.approx(B) for r in log if r["stage"] == "warm-up")  # heads only, unweighted
+
+
+def test_lambda0_schedules():
+    assert [medusa2.lambda0_at(s, 4, 0.2, "constant") for s in range(4)] == [0.2] * 4
+    assert [medusa2.lambda0_at(s, 4, 0.2, "linear") for s in range(4)] == pytest.approx([0.05, 0.1, 0.15, 0.2])
+    assert medusa2.lambda0_at(1, 4, 0.2, "sine") == pytest.approx(0.2 * math.sin(math.pi / 4))
+    assert medusa2.lambda0_at(9, 4, 0.2, "sine") == pytest.approx(0.2)  # never past the peak

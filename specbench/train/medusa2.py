@@ -17,8 +17,21 @@ heads together with the backbone". Medusa-1 is the frozen-backbone recipe and th
 (Kumar et al. 2022, linear probing then fine-tuning) trains the new heads first, and the stated
 reason (large head losses distort the backbone) only makes sense that way round: `warmup: heads`
 (default) trains the heads on the Medusa-1 loss with the backbone frozen (no graph through it).
-`warmup: backbone` is the literal reading: the backbone alone on L_LM, heads untouched. The
-paper's alternative (lambda0 ramped up with a sine schedule) is not implemented.
+`warmup: backbone` is the literal reading: the backbone alone on L_LM, heads untouched.
+
+lambda0 schedule (`lambda0_schedule`). For self-distilled data, the setting here, the paper (4.2)
+drops the two-stage procedure: "we use a sine schedule for the theta_0 [sic: lambda0] to gradually
+increase the value to its peak at the end of the training"; the authors' trainer multiplies the
+heads' losses (never L_LM) by sin(pi/2 * step / max_steps). 3.2.2 instead calls lambda0 "the
+weight of the backbone model's loss", which contradicts eq. 2 (lambda0 multiplies L_Medusa-1) and
+defeats the purpose (the heads' loss would dominate early, when it is largest); that reading is
+not implemented. Default `sine`: lambda0(s) = lambda0 * sin(pi/2 * (s+1)/S) at joint step s of the
+S planned joint steps (`train.epochs` x batches), so the last planned step has the peak and the
+first a small non-zero weight; `linear` ramps (s+1)/S; `constant` is lambda0 throughout (with
+`warmup_epochs: 1`, the two-stage recipe of 3.2.2). A time-budget stop ends the ramp short of
+the peak, as the authors' max_steps-based ramp would. The default drops the warm-up epoch
+(`warmup_epochs: 0`) as 4.2 does, so Medusa-2 sees exactly `train.epochs` passes over the data,
+the same budget as every other trainer.
 
 LoRA (`lora: true`, peft, on the layers' linear maps as SPACE does) is merged into the weights
 before saving. The checkpoint (kind `medusa2`) stores the full fine-tuned model state and the
@@ -26,6 +39,8 @@ heads' state, keyed by `methods.medusa.medusa2_structure`.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from omegaconf import OmegaConf
@@ -77,6 +92,17 @@ def held_out(parts, sequences, tcfg, pad_id, device, limit: int = 64) -> dict:
     return {"lm": lm / n, "medusa": med / n, "backbone_agreement": same / max(1, counted)}
 
 
+SCHEDULES = ("constant", "linear", "sine")
+
+
+def lambda0_at(step: int, total: int, peak: float, schedule: str) -> float:
+    """The heads' loss weight at joint step `step` (0-based) of `total` planned steps."""
+    if schedule == "constant":
+        return peak
+    frac = min(1.0, (step + 1) / max(1, total))
+    return peak * (math.sin(math.pi / 2 * frac) if schedule == "sine" else frac)
+
+
 def _stage_cfg(tcfg, epochs: int, share: float, lr: float):
     return OmegaConf.merge(tcfg, {"epochs": int(epochs), "max_minutes": float(tcfg.max_minutes) * share, "lr": lr})
 
@@ -91,6 +117,9 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     if warmup not in ("heads", "backbone"):
         raise SpecBenchError(f"unknown medusa warmup {warmup!r}; allowed: backbone, heads")
     lam0, decay = float(mcfg.get("lambda0", 0.01)), float(mcfg.get("loss_decay", 0.8))
+    schedule = str(mcfg.get("lambda0_schedule", "sine"))
+    if schedule not in SCHEDULES:
+        raise SpecBenchError(f"unknown medusa lambda0_schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
     lr_bb = float(mcfg.get("lr") or tcfg.lr)
     lr_heads = lr_bb * float(mcfg.get("heads_lr_ratio", 4.0))
     ft = finetuned_copy(target, "medusa2-training", structure)
@@ -119,12 +148,15 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
         lm, _, agree, _ = parts(ids, labels, True)
         return lm, agree
 
+    n_warm, n_joint = int(mcfg.get("warmup_epochs", 0)), int(tcfg.epochs)
+    joint_steps, lam_used = n_joint * math.ceil(len(train) / int(tcfg.batch_size)), []
+
     def joint_loss(ids, labels):
         lm, med, agree, _ = parts(ids, labels, True)
-        return lm + lam0 * med, agree
+        lam_used.append(lambda0_at(len(lam_used), joint_steps, lam0, schedule))
+        return lm + lam_used[-1] * med, agree
 
     before = held_out(parts, held, tcfg, pad, target.device)
-    n_warm, n_joint = int(mcfg.get("warmup_epochs", 1)), int(tcfg.epochs)
     total = max(1, n_warm + n_joint)
     if warmup == "backbone":
         for p in bb_params:
@@ -145,7 +177,8 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     if n_joint or not n_warm:  # with no stage at all _loop refuses the zero steps (nothing cached)
         joint_log, stopped = _loop("medusa2 joint", bb_params + head_params, joint_loss, train,
                                    _stage_cfg(tcfg, n_joint, n_joint / total, lr_bb), pad, target.device, groups)
-    log = [r | {"stage": "warm-up"} for r in log] + [r | {"stage": "joint", "step": r["step"] + len(log)} for r in joint_log]
+    log = [r | {"stage": "warm-up"} for r in log] + [r | {"stage": "joint", "step": r["step"] + len(log), "lambda0": lam}
+                                                        for r, lam in zip(joint_log, lam_used)]
     for p in bb_params + head_params:
         p.requires_grad_(False)
     if peft_model is not None:
@@ -155,7 +188,8 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     after = held_out(parts, held, tcfg, pad, target.device)
     acc = medusa_accuracy(ft, heads, held, tcfg, pad)
     settings = _settings(cfg, len(train), len(held), log, stopped, (before["medusa"], None), (after["medusa"], None))
-    settings |= {"head_accuracy": acc, "head_top1": [row[0] for row in acc], "lambda0": lam0, "lm_loss": mode,
+    settings |= {"head_accuracy": acc, "head_top1": [row[0] for row in acc], "lambda0": lam0, "lambda0_schedule": schedule,
+                 "lambda0_last": lam_used[-1] if lam_used else None, "lm_loss": mode,
                  "warmup": warmup, "lr_backbone": lr_bb, "lr_heads": lr_heads,
                  "held_out_before": before, "held_out_after": after}
     state = {"model": {n: v.detach().cpu() for n, v in ft.model.state_dict().items()},
