@@ -16,7 +16,7 @@ from specbench.cli import CONF_DIR
 from specbench.control.cali_ts import CaliPredictor
 from specbench.methods.eesd import load_early_exit
 from specbench.models import load_model
-from specbench.train import trainers
+from specbench.train import loop, trainers
 from specbench.train.data import build_sequences
 
 n_train, n_held, out_dir = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
@@ -29,7 +29,7 @@ exit_, _ = load_early_exit(target, cfg.method)
 exit_.eval()
 seqs = build_sequences(target, cfg.train.data, os.environ["SPECBENCH_DATA_DIR"], int(cfg.train.seed))
 seqs = seqs[: int(cfg.train.max_sequences)]
-train, held = trainers._split(seqs, cfg.train)
+train, held = loop.split_held_out(seqs, cfg.train)
 c = cfg.train.cali_predictor
 
 

@@ -21,8 +21,10 @@ from specbench.methods.eesd import EarlyExit
 from specbench.methods.medusa import MedusaHeads
 from specbench.methods.space import MaskedEmbed, finetuned_copy
 from specbench.models import LayerSkip, truncated_copy
-from specbench.train.medusa_space import medusa_loss, sar_batch, space_loss
-from specbench.train.trainers import _ce, _pad, cali_examples
+from specbench.train.medusa import medusa_loss
+from specbench.train.space import sar_batch, space_loss
+from specbench.train.loop import ce_loss, pad_batch
+from specbench.train.trainers import cali_examples
 
 pytestmark = pytest.mark.fake_cuda
 
@@ -155,7 +157,7 @@ TCFG = OmegaConf.create({"max_len": 16})
 
 
 def _batch(t):
-    return _pad([([1, 2, 3, 4, 5, 6], 2), ([7, 8, 9], 1, [8, 9, 10])], 16, 0, t.device)
+    return pad_batch([([1, 2, 3, 4, 5, 6], 2), ([7, 8, 9], 1, [8, 9, 10])], 16, 0, t.device)
 
 
 def test_eesd_and_vanilla_losses_on_cuda():
@@ -165,9 +167,9 @@ def test_eesd_and_vanilla_losses_on_cuda():
         assert on_cuda(ids, labels)
         exit_ = EarlyExit(t, 1).to(t.device)
         logits, _ = exit_(t, t.run_layers(t.embed(ids), None, 0, 1), None)
-        loss, _ = _ce(logits, labels)
+        loss, _ = ce_loss(logits, labels)
         draft = truncated_copy(t, 1)
-        loss2, _ = _ce(draft.head(draft.run_layers(draft.embed(ids), None)), labels)
+        loss2, _ = ce_loss(draft.head(draft.run_layers(draft.embed(ids), None)), labels)
         assert on_cuda(loss, loss2) and loss.dtype == torch.float32
 
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from omegaconf import OmegaConf
 
-import specbench.train.medusa_space  # noqa: F401 - registers the trainers
+import specbench.train.medusa  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
 from specbench.train.trainers import TRAINERS

@@ -6,12 +6,13 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from omegaconf import OmegaConf
 
-import specbench.train.medusa_space  # noqa: F401 - registers the trainers
+import specbench.train.space  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
 from specbench.methods.space import MASK
-from specbench.train.medusa_space import sar_batch, sar_example, space_logits
-from specbench.train.trainers import TRAINERS, _pad
+from specbench.train.space import sar_batch, sar_example, space_logits
+from specbench.train.loop import pad_batch
+from specbench.train.trainers import TRAINERS
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import tiny_sequences, train_cfg
 
@@ -39,7 +40,7 @@ def test_sar_batch_layout():
     import random
 
     seq = list(range(3, 23))
-    ids, labels = _pad([(seq, 5)], 64, 2, "cpu")
+    ids, labels = pad_batch([(seq, 5)], 64, 2, "cpu")
     out_ids, out_lab = sar_batch(ids, labels, 3, 0.0, random.Random(0), 2)
     row, lab = out_ids[0].tolist(), out_lab[0].tolist()
     m = row.index(MASK)

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specbench.artifacts import cache_dir, read_json, write_json
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
-from specbench.artifacts import cache_dir, read_json, write_json
 
 TEMPLATES = (
     "Solve the following problem step by step, then give the final answer.\n\n{q}",

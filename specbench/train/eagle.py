@@ -15,11 +15,21 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from specbench.artifacts import save_checkpoint
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.models import ModelAdapter
-from specbench.artifacts import save_checkpoint
+from specbench.train.loop import (
+    ce_loss,
+    eval_loss,
+    pad_id,
+    run_settings,
+    split_held_out,
+    train_loop,
+    with_labels,
+    write_log,
+)
 from specbench.train.parts import checkpoint_part, first_use
-from specbench.train.trainers import _ce, _loop, _pad_id, _settings, _split, _write_log, eval_loss, trainer, with_labels
+from specbench.train.trainers import trainer
 
 
 def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float = 1.0, w_cls: float = 0.1):
@@ -31,7 +41,7 @@ def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float 
     keep = lab != -100
     if not keep.any():
         return pred.sum() * 0.0, (0, 0)
-    ce, agree = _ce(head.logits(pred[keep]).unsqueeze(0), lab[keep].unsqueeze(0))
+    ce, agree = ce_loss(head.logits(pred[keep]).unsqueeze(0), lab[keep].unsqueeze(0))
     reg = F.smooth_l1_loss(pred[keep].float(), want[keep].float())
     return w_reg * reg + w_cls * ce, agree
 
@@ -46,21 +56,21 @@ def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     for p in head.parameters():
         p.requires_grad_(True)
     head.train()
-    train, held = _split(with_labels(target, sequences, tcfg), tcfg)
+    train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
     w_reg, w_cls = float(mcfg.get("loss_reg", 1.0)), float(mcfg.get("loss_cls", 0.1))
 
     def loss_fn(ids, labels):
         return eagle_loss(target, head, ids, labels, w_reg, w_cls)
 
-    pad = _pad_id(target)
+    pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = _loop("eagle head", list(head.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("eagle head", list(head.parameters()), loss_fn, train, tcfg, pad, target.device)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
-    settings = _settings(cfg, len(train), len(held), log, stopped, before, after)
+    settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)
     state = {k: v.detach().cpu() for k, v in head.state_dict().items()}
     path = save_checkpoint("eagle", target.key, head.structure(), state, settings)
-    _write_log(path, log, settings)
+    write_log(path, log, settings)
     print(f"eagle: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} "
           f"({stopped}); {path}")
     return {"eagle": str(path), "held_out_loss": [before[0], after[0]], "held_out_agreement": [before[1], after[1]]}

@@ -46,13 +46,23 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
+from specbench.artifacts import save_checkpoint
 from specbench.errors import SpecBenchError
 from specbench.methods.medusa import MedusaHeads, medusa2_structure
 from specbench.methods.space import finetuned_copy
 from specbench.models import ModelAdapter
-from specbench.artifacts import save_checkpoint
-from specbench.train.medusa_space import _apply_lora, heads_loss, medusa_accuracy, with_labels
-from specbench.train.trainers import _loop, _pad, _pad_id, _settings, _split, _write_log, trainer
+from specbench.train.loop import (
+    apply_lora,
+    pad_batch,
+    pad_id,
+    run_settings,
+    split_held_out,
+    train_loop,
+    with_labels,
+    write_log,
+)
+from specbench.train.medusa import heads_loss, medusa_accuracy
+from specbench.train.trainers import trainer
 
 
 def lm_loss(logits, ref_logits, labels, mode: str = "kl") -> torch.Tensor:
@@ -86,7 +96,7 @@ def loss_parts(ft: ModelAdapter, original: ModelAdapter, heads, ids, labels, mod
 def held_out(parts, sequences, tcfg, pad_id, device, limit: int = 64) -> dict:
     lm, med, n, same, counted = 0.0, 0.0, 0, 0, 0
     for s in sequences[:limit]:
-        a, b, _, (r, t) = parts(*_pad([s], int(tcfg.max_len), pad_id, device), True)
+        a, b, _, (r, t) = parts(*pad_batch([s], int(tcfg.max_len), pad_id, device), True)
         lm, med, n, same, counted = lm + float(a), med + float(b), n + 1, same + r, counted + t
     n = max(1, n)
     return {"lm": lm / n, "medusa": med / n, "backbone_agreement": same / max(1, counted)}
@@ -125,7 +135,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     ft = finetuned_copy(target, "medusa2-training", structure)
     for p in ft.model.parameters():
         p.requires_grad_(False)
-    peft_model = _apply_lora(ft, structure) if structure["lora"] else None
+    peft_model = apply_lora(ft, structure) if structure["lora"] else None
     # LoRA: only the adapters (get_peft_model marks them trainable); else the whole copy
     bb_params = list(ft.model.parameters()) if peft_model is None else [p for p in peft_model.parameters() if p.requires_grad]
     for p in bb_params:
@@ -135,8 +145,8 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     for p in head_params:
         p.requires_grad_(True)
     heads.train()
-    train, held = _split(with_labels(target, sequences, tcfg), tcfg)
-    pad = _pad_id(target)
+    train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
+    pad = pad_id(target)
 
     def parts(ids, labels, backbone):
         return loss_parts(ft, target, heads, ids, labels, mode, decay, backbone)
@@ -167,7 +177,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     warm_lr = lr_heads if warmup == "heads" else lr_bb
     log, stopped = [], "epochs"
     if n_warm:  # a stage with 0 epochs is skipped (warm-up only, or no warm-up); both 0 is refused below
-        log, stopped = _loop(f"medusa2 warm-up ({warmup})", warm_params, warm_loss, train,
+        log, stopped = train_loop(f"medusa2 warm-up ({warmup})", warm_params, warm_loss, train,
                              _stage_cfg(tcfg, n_warm, n_warm / total, warm_lr), pad, target.device)
     for p in bb_params + head_params:
         p.requires_grad_(True)
@@ -175,7 +185,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     groups = [{"params": bb_params, "lr": lr_bb}, {"params": head_params, "lr": lr_heads}]
     joint_log = []
     if n_joint or not n_warm:  # with no stage at all _loop refuses the zero steps (nothing cached)
-        joint_log, stopped = _loop("medusa2 joint", bb_params + head_params, joint_loss, train,
+        joint_log, stopped = train_loop("medusa2 joint", bb_params + head_params, joint_loss, train,
                                    _stage_cfg(tcfg, n_joint, n_joint / total, lr_bb), pad, target.device, groups)
     log = [r | {"stage": "warm-up"} for r in log] + [r | {"stage": "joint", "step": r["step"] + len(log), "lambda0": lam}
                                                         for r, lam in zip(joint_log, lam_used)]
@@ -187,7 +197,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     heads.eval()
     after = held_out(parts, held, tcfg, pad, target.device)
     acc = medusa_accuracy(ft, heads, held, tcfg, pad)
-    settings = _settings(cfg, len(train), len(held), log, stopped, (before["medusa"], None), (after["medusa"], None))
+    settings = run_settings(cfg, len(train), len(held), log, stopped, (before["medusa"], None), (after["medusa"], None))
     settings |= {"head_accuracy": acc, "head_top1": [row[0] for row in acc], "lambda0": lam0, "lambda0_schedule": schedule,
                  "lambda0_last": lam_used[-1] if lam_used else None, "lm_loss": mode,
                  "warmup": warmup, "lr_backbone": lr_bb, "lr_heads": lr_heads,
@@ -195,7 +205,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     state = {"model": {n: v.detach().cpu() for n, v in ft.model.state_dict().items()},
              "heads": {k: v.detach().cpu() for k, v in heads.state_dict().items()}}
     path = save_checkpoint("medusa2", target.key, structure, state, settings)
-    _write_log(path, log, settings)
+    write_log(path, log, settings)
     print(f"medusa2: held-out L_LM ({mode}) {before['lm']:.4f} -> {after['lm']:.4f}, Medusa-1 loss "
           f"{before['medusa']:.3f} -> {after['medusa']:.3f}, backbone top-1 agreement with the original "
           f"{after['backbone_agreement']:.3f} ({stopped}); top-1 per head "
