@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from specbench import table
-from specbench.metrics import acceptance_metrics, eq14_speedup, position_acceptance, predicted_speedup
+from specbench.metrics import acceptance_metrics, cost_terms, eq14_speedup, position_acceptance, predicted_speedup
 from specbench.metrics.costmodel import interp_cost
 from specbench.profiling import refit_costs
 from specbench.stats import pooled_speedup_ci
@@ -90,6 +90,8 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
         out["base"]["agreement"] = sum(r["base"].get("agree_tokens", 0) for r in records) / of if of else None
     m = out["method"]
     out["speedup"] = m["tokens_per_s"] / out["ar"]["tokens_per_s"] if out["ar"]["tokens_per_s"] else None
+    ar_per_token = out["ar"]["wall"] / out["ar"]["new_tokens"] if out["ar"]["new_tokens"] else None
+    out["cost_terms"] = cost_terms(m["times"], m["new_tokens"], ar_per_token)
     per = [r["speedup"] for r in records if r.get("speedup")]
     out["speedup_per_sample_mean"] = statistics.fmean(per) if per else None
     out["speedup_per_sample_std"] = statistics.stdev(per) if len(per) > 1 else None
@@ -190,6 +192,10 @@ def print_summary(s: dict, meta: dict) -> str:
             )
             rates = [a / d if d else 0 for d, a in zip(s["pos_drafted"], s["pos_accepted"])]
             lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
+        terms = s.get("cost_terms")
+        if terms:
+            parts = " + ".join(f"{k} {v:.2f}" for k, v in terms.items() if k != "total")
+            lines.append(f"time per token in AR's time per token: {parts} = {terms['total']:.2f} (AR: 1.00)")
         share = m["time_share"]
         lines.append(
             "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")

@@ -74,3 +74,14 @@ def test_steps_record_what_verification_ran_over(name, extra, width, tmp_path, m
             assert s.drafted < s.verified <= m.num_nodes + 1  # the reranked tree, root included
         else:
             assert s.verified == s.drafted + 1  # a chain
+
+
+def test_cost_terms_add_up_to_the_inverse_speedup():
+    from specbench.metrics import cost_terms
+
+    # AR: 100 tokens in 10 s (0.1 s/token); the method: 100 tokens in 12.5 s -> 0.8x
+    t = cost_terms({"wall": 12.5, "draft": 4.0, "verify": 7.0, "prefill": 0.5}, 100, 0.1)
+    assert t["draft"] == pytest.approx(0.4) and t["verify"] == pytest.approx(0.7)
+    assert t["other"] == pytest.approx(0.1) and t["total"] == pytest.approx(1.25)
+    assert sum(v for k, v in t.items() if k != "total") == pytest.approx(t["total"])
+    assert cost_terms({"wall": 3.0}, 10, 0.1) is None  # timing=coarse: nothing to split

@@ -46,6 +46,21 @@ def predicted_speedup(steps: list[StepStats], n_tokens: int, draft_cost: float,
     return (n_tokens - n_sequences) * t1 / method if method > 0 else None
 
 
+def cost_terms(times: dict[str, float], tokens: int, ar_seconds_per_token: float | None) -> dict[str, float] | None:
+    """Where a method's time per generated token goes, in units of AR's measured time per token:
+    each timed phase (draft, verify, prefill, control) plus `other` (the loop, sampling, Python)
+    and their `total`, whose inverse is the speedup. Answers "which term makes it lose": e.g.
+    draft 0.45 + verify 0.80 + other 0.30 = 1.55 -> 0.65x. None without phase times or AR."""
+    wall = times.get("wall", 0.0)
+    if not tokens or not wall or not ar_seconds_per_token or set(times) <= {"wall"}:
+        return None
+    unit = tokens * ar_seconds_per_token
+    terms = {k: v / unit for k, v in sorted(times.items()) if k != "wall"}
+    terms["other"] = max(0.0, wall - sum(v for k, v in times.items() if k != "wall")) / unit
+    terms["total"] = wall / unit
+    return terms
+
+
 def eq14_speedup(v_d: float | None, r_d: float | None, alpha: float | None) -> float | None:
     if v_d is None or r_d is None or alpha is None:
         return None
