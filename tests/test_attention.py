@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
+from helpers import TINY, tiny_model
 from omegaconf import OmegaConf
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from helpers import TINY, tiny_model
 from specbench.models import load_model
 from specbench.models.attention import GROUPED_SDPA, grouped_sdpa_attention
 
