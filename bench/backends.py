@@ -12,7 +12,7 @@ Prints, per backend:
 - greedy `matches_ar`: how many samples a speculative method (default vanilla SD with an
   untrained 4-layer draft, K=4: every step verifies 5 tokens) returns exactly AR's tokens,
   both running the same backend.
-`--profile` also prints torch.profiler's top operators of one k=8 forward per backend.
+`--profile` also prints torch.profiler's top operators of k=1 and k=8 forwards per backend.
 The table is written to results/bench/backends.md (with the command) and .json.
 """
 
@@ -126,8 +126,9 @@ def main() -> None:
     if args.profile:
         for b in args.backends:
             apply_backend(target.model, b)
-            profiles[b] = profile_table(target)
-            print(f"\n## profile, backend {b}, one forward over k=8 after 200 cached tokens (x3)\n{profiles[b]}", flush=True)
+            for k in (1, 8):
+                profiles[f"{b}, k={k}"] = table = profile_table(target, k)
+                print(f"\n## profile, backend {b}, one forward over k={k} after 200 cached tokens (x3)\n{table}", flush=True)
 
     # -- AR tokens/s and matches_ar on real prompts, backends interleaved per sample ----------
     greedy = SamplingConfig()
@@ -191,7 +192,7 @@ def report(args, rows, profiles) -> str:
     ]
     body = ["# Linear-layer backends on the embedded model", "", *meta, "", markdown(columns, cells), ""]
     for b, table in profiles.items():
-        body += [f"## profile: {b}, k=8 after 200 cached tokens, 3 forwards", "", "```", table, "```", ""]
+        body += [f"## profile: {b} after 200 cached tokens, 3 forwards", "", "```", table, "```", ""]
     return "\n".join(body)
 
 

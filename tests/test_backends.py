@@ -12,7 +12,7 @@ from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny
 from specbench.errors import SpecBenchError
 from specbench.methods.medusa import load_heads
 from specbench.models import BACKENDS, apply_backend, backend_of, truncated_copy
-from specbench.models.backends import BATCH_DEPENDENT, BackendLinear, check_backend
+from specbench.models.backends import BATCH_DEPENDENT, HYBRID_MIN_ROWS, BackendLinear, check_backend
 
 FAST = [b for b in BACKENDS if b != "eager"]
 # max |logits - eager logits| / max |eager logits| on a small random fp32 model (init_std 0.02)
@@ -77,7 +77,7 @@ def test_packed_copy_follows_weight_changes(backend):
     must not keep serving the old one."""
     lin = nn.Linear(16, 8)
     apply_backend(lin, backend)
-    x = torch.randn(3, 16)
+    x = torch.randn(6, 16)  # enough rows for hybrid's packed path
     with torch.no_grad():
         before = lin(x)
         lin.weight.mul_(-1.0)
@@ -100,6 +100,20 @@ def test_training_runs_eagerly_with_gradients(backend):
     assert lin.weight.grad is not None
     clone = copy.deepcopy(lin)  # EESD copies the target's last layer, SPACE the whole model
     assert type(clone) is BackendLinear and "_packed" not in clone.__dict__
+
+
+def test_hybrid_routes_few_rows_to_f_linear():
+    """hybrid: 1..HYBRID_MIN_ROWS-1 rows run F.linear itself (bit-identical to eager, nothing
+    packed), from HYBRID_MIN_ROWS rows on the packed oneDNN kernel."""
+    lin = nn.Linear(64, 32)
+    apply_backend(lin, "hybrid")
+    with torch.no_grad():
+        for rows in range(1, HYBRID_MIN_ROWS):
+            x = torch.randn(1, rows, 64)
+            assert torch.equal(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
+        assert "_packed" not in lin.__dict__, "a few-row input went through oneDNN"
+        lin(torch.randn(1, HYBRID_MIN_ROWS, 64))
+    assert "_packed" in lin.__dict__, "a verify-sized input did not reach the packed kernel"
 
 
 def test_eager_restores_plain_linear_and_keeps_tying():

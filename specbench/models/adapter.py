@@ -63,6 +63,11 @@ class ModelAdapter:
         self.config = model.config
         for p in model.parameters():
             p.requires_grad_(False)
+        # imported here, not at the top: transformers' attention registry costs seconds of
+        # imports that `import specbench` (CLI errors, --help) should not pay; a model exists now
+        from specbench.models.attention import use_grouped_sdpa
+
+        use_grouped_sdpa(self.config)
         # device_map=auto (accelerate) spreads layers over devices: hidden states then follow
         # the layers, and each layer's KV cache entries are made (and stay) on its own device
         devices = {layer_device(m) for m in [self.embed_tokens, *self.layers, self.norm, self.lm_head]}

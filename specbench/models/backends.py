@@ -9,9 +9,11 @@ decoding step. A backend swaps the kernel, not the model:
 - `mkldnn`: fp32, the weight reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`) and multiplied by `_linear_pointwise`. Same
   arithmetic as eager up to summation order (~1e-6 relative).
-- `hybrid`: fp32, one-row inputs (AR decoding, drafting) through `F.linear` (PyTorch's GEMV path,
-  fast for one row), several rows (verification, prefill) through the prepacked oneDNN kernel.
-  Measured here: with one thread oneDNN is slower than GEMV for one row, faster for several.
+- `hybrid`: fp32, inputs of fewer than HYBRID_MIN_ROWS rows (AR decoding, drafting, a 1-2 token
+  verify) through `F.linear` (MKL: GEMV for one row, and still ahead of oneDNN for 2-3 rows),
+  larger ones (verification, prefill) through the prepacked oneDNN kernel. Measured here (1 and 2
+  threads): oneDNN is ~1.3x slower than MKL for 1-3 rows and clearly faster from 4 rows on, where
+  MKL's small-M GEMM jumps to ~1.6x its one-row time (results/bench/backends.md).
 - `bf16`: bfloat16 copies of weight and bias, input rounded to bfloat16, output back to the
   model's dtype. Half the bytes; rounding differs from fp32 (a different model, slightly).
 - `qint8`: int8 weights (symmetric, per output channel) with fbgemm's dynamic quantization of
@@ -42,6 +44,8 @@ from specbench.errors import SpecBenchError, choice_error
 
 # oneDNN picks its blocked layout for a batch-size hint; verification batches are 1..16 rows
 MKLDNN_BATCH_HINT = 8
+# hybrid: below this many rows F.linear (MKL) beats prepacked oneDNN on this CPU
+HYBRID_MIN_ROWS = 4
 
 
 def _pack_mkldnn(w: torch.Tensor, b: torch.Tensor | None):
@@ -95,9 +99,11 @@ class BackendLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if torch.is_grad_enabled() or w.dtype != torch.float32 or x.dtype != torch.float32 or w.device.type != "cpu":
+        # hybrid's few-row case first: it is every AR/drafting step (~211 calls per forward),
+        # and F.linear is right there whatever the dtype, device or grad mode
+        if (self.backend == "hybrid" and x.numel() < HYBRID_MIN_ROWS * x.shape[-1]) or torch.is_grad_enabled():
             return F.linear(x, w, self.bias)
-        if self.backend == "hybrid" and x.numel() == x.shape[-1]:
+        if w.dtype != torch.float32 or x.dtype != torch.float32 or w.device.type != "cpu":
             return F.linear(x, w, self.bias)
         pack, run = KERNELS[self.backend]
         key = (self.backend, w.data_ptr(), w._version, None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
