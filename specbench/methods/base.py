@@ -232,7 +232,8 @@ class SpeculativeMethod(ARMethod):
             feed, mask, offsets, rows = verification_input(prop, pending)
             positions = None if offsets is None else L + offsets.to(self.target.device)
             logits, hidden = self.verify_forward(prop, feed, mask, positions)
-            path, tok = self.verifier(prop, pending, logits[rows], self.sampling, self.gen)
+            node_logits = logits if prop.layout is None else logits[rows]  # a chain or tree: every row is a node
+            path, tok = self.verifier(prop, pending, node_logits, self.sampling, self.gen)
             kept = [rows[j] for j in path]
             self.cache.keep(L, kept)  # the one place the target's cache is rolled back
             accepted = [prop.tokens[j - 1] for j in path[1:]]
