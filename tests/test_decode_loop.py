@@ -84,4 +84,5 @@ def test_cost_terms_add_up_to_the_inverse_speedup():
     assert t["draft"] == pytest.approx(0.4) and t["verify"] == pytest.approx(0.7)
     assert t["other"] == pytest.approx(0.1) and t["total"] == pytest.approx(1.25)
     assert sum(v for k, v in t.items() if k != "total") == pytest.approx(t["total"])
+    assert list(t) == ["prefill", "draft", "verify", "other", "total"]
     assert cost_terms({"wall": 3.0}, 10, 0.1) is None  # timing=coarse: nothing to split

@@ -55,7 +55,9 @@ def cost_terms(times: dict[str, float], tokens: int, ar_seconds_per_token: float
     if not tokens or not wall or not ar_seconds_per_token or set(times) <= {"wall"}:
         return None
     unit = tokens * ar_seconds_per_token
-    terms = {k: v / unit for k, v in sorted(times.items()) if k != "wall"}
+    order = ["prefill", "draft", "verify", "control"]  # then any other phase, alphabetically
+    keys = sorted((k for k in times if k != "wall"), key=lambda k: (order.index(k) if k in order else len(order), k))
+    terms = {k: times[k] / unit for k in keys}
     terms["other"] = max(0.0, wall - sum(v for k, v in times.items() if k != "wall")) / unit
     terms["total"] = wall / unit
     return terms
