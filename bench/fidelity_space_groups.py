@@ -40,7 +40,7 @@ for s, start, *_ in seqs[-n_prompts:]:  # original GSM8K train questions (last =
         L = m.cache.length()
         for r, (layout, mask, pos) in rules.items():
             ids = [seq[P] if kind == "x" else (seq[P + i] if kind == "c" else MASK) for kind, i in layout]
-            logits = m._forward(ids, positions=L + pos.to(m.target.device), tree_mask=mask.to(m.target.device))
+            logits, _ = m._forward(ids, positions=L + pos.to(m.target.device), tree_mask=mask.to(m.target.device))
             m.cache.crop(L)
             _, groups = space_indices(layout, k)
             for g in range(k + 1):

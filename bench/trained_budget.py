@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.artifacts import cache_dir, checkpoint_meta  # noqa: E402
+from specbench.artifacts import cache_dir, checkpoint_meta
 
 KINDS = ("eesd", "cali", "medusa", "medusa2", "space", "eagle")
 RUNS = {  # suite -> runs of trained methods worth the detailed table
@@ -41,8 +41,8 @@ def checkpoints(model_key: str) -> list[tuple[str, Path, dict]]:
 
 
 def training_table(model_key: str) -> str:
-    rows = ["| part | structure | saved | train / held-out seqs | epochs x batch | steps | stopped by | "
-            "held-out loss before -> after | agreement before -> after | head top-1 (held-out) |",
+    rows = [("| part | structure | saved | train / held-out seqs | epochs x batch | steps | stopped by | "
+             "held-out loss before -> after | agreement before -> after | head top-1 (held-out) |"),
             "|---|---|---|---|---|---|---|---|---|---|"]
     for kind, path, meta in checkpoints(model_key):
         s, st = meta["settings"], meta.get("structure", {})
@@ -67,8 +67,8 @@ def training_table(model_key: str) -> str:
 
 
 def bench_rows(bench: Path) -> str:
-    rows = ["| suite | task | run | n | speedup | predicted: profile / refit | tau | accepted/drafted by position | "
-            "draft% / verify% / control% | =AR | original weights: agreement, score (fine-tuned score) |",
+    rows = [("| suite | task | run | n | speedup | predicted: profile / refit | tau | accepted/drafted by position | "
+             "draft% / verify% / control% | =AR | original weights: agreement, score (fine-tuned score) |"),
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for suite, only in RUNS.items():
         for summ in sorted((bench / suite).glob("*/*/summary.json")):

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
 from hydra import compose, initialize_config_dir
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-import specbench.runner as runner
-
-import specbench.train.medusa2 as medusa2  # registers the Medusa-2 trainer
+from specbench import runner
+from specbench.artifacts import load_checkpoint
 from specbench.errors import SpecBenchError
 from specbench.metrics.acceptance import prefix_agreement
-from specbench.artifacts import load_checkpoint
+from specbench.train import medusa2  # registers the Medusa-2 trainer
 from specbench.train.trainers import TRAINERS
 from tests.helpers import CONF, ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import tiny_sequences, train_cfg
