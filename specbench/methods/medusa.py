@@ -189,6 +189,8 @@ class Medusa(SpeculativeMethod):
                 default_tree = TokenTree.cartesian(sizes).paths[1:]
                 self.info["tree_source"] += f"; dense tree sizes={sizes}"
         self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"), default_tree)
+        # the tree is fixed: its mask and depths go to the model's device once, not every step
+        self.tree.mask, self.tree.depths = self.tree.mask.to(self.target.device), self.tree.depths.to(self.target.device)
         # ranks needed per depth
         self.ranks = [0] * self.tree.max_depth
         for p in self.tree.paths[1:]:
