@@ -12,11 +12,12 @@ from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny
 from specbench.errors import SpecBenchError
 from specbench.methods.medusa import load_heads
 from specbench.models import BACKENDS, apply_backend, backend_of, truncated_copy
+from specbench.models import backends
 from specbench.models.backends import BATCH_DEPENDENT, HYBRID_MIN_ROWS, BackendLinear, check_backend
 
 FAST = [b for b in BACKENDS if b != "eager"]
 # max |logits - eager logits| / max |eager logits| on a small random fp32 model (init_std 0.02)
-TOLERANCE = {"mkldnn": 1e-5, "hybrid": 1e-5, "bf16": 2e-2, "qint8": 6e-2}
+TOLERANCE = {"ggml": 1e-5, "ggml_f32": 1e-5, "mkldnn": 1e-5, "hybrid": 1e-5, "bf16": 2e-2, "qint8": 6e-2}
 
 
 def fp32_model(backend: str, **kw):
@@ -42,7 +43,7 @@ def test_bad_backend_on_cli_writes_nothing(tmp_path, data_dir):
     proc = run_cli(["model=tiny-llama", "method=pld", "model.backend=fast", f"run_dir={run_dir}"], data_dir)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "specbench: error: unknown model.backend 'fast'; allowed: bf16, eager, hybrid, mkldnn, qint8"
+        "specbench: error: unknown model.backend 'fast'; allowed: bf16, eager, ggml, ggml_f32, hybrid, mkldnn, qint8"
     ]
     assert not run_dir.exists()
 
@@ -102,18 +103,22 @@ def test_training_runs_eagerly_with_gradients(backend):
     assert type(clone) is BackendLinear and "_packed" not in clone.__dict__
 
 
-def test_hybrid_routes_few_rows_to_f_linear():
-    """hybrid: 1..HYBRID_MIN_ROWS-1 rows run F.linear itself (bit-identical to eager, nothing
-    packed), from HYBRID_MIN_ROWS rows on the packed oneDNN kernel."""
+def test_hybrid_routes_few_rows_to_f_linear(monkeypatch):
+    """hybrid: 1..HYBRID_MIN_ROWS-1 rows run F.linear itself (bit-identical to eager), from
+    HYBRID_MIN_ROWS rows on the packed oneDNN kernel."""
+    calls = []
+    pack, run = backends.KERNELS["hybrid"]
+    monkeypatch.setitem(backends.KERNELS, "hybrid", (pack, lambda x, p: calls.append(x.shape) or run(x, p)))
     lin = nn.Linear(64, 32)
     apply_backend(lin, "hybrid")
+    assert "_packed" in lin.__dict__, "packed when the backend was applied, not inside the first timed forward"
     with torch.no_grad():
         for rows in range(1, HYBRID_MIN_ROWS):
             x = torch.randn(1, rows, 64)
             assert torch.equal(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
-        assert "_packed" not in lin.__dict__, "a few-row input went through oneDNN"
+        assert not calls, "a few-row input went through oneDNN"
         lin(torch.randn(1, HYBRID_MIN_ROWS, 64))
-    assert "_packed" in lin.__dict__, "a verify-sized input did not reach the packed kernel"
+    assert calls, "a verify-sized input did not reach the packed kernel"
 
 
 def test_eager_restores_plain_linear_and_keeps_tying():

@@ -14,6 +14,13 @@ decoding step. A backend swaps the kernel, not the model:
   larger ones (verification, prefill) through the prepacked oneDNN kernel. Measured here (1 and 2
   threads): oneDNN is ~1.3x slower than MKL for 1-3 rows and clearly faster from 4 rows on, where
   MKL's small-M GEMM jumps to ~1.6x its one-row time (results/bench/backends.md).
+- `ggml`: the weights in ggml's block formats where those reproduce the float32 parameter bit
+  for bit (Q4_1, Q8_0: the embedded GGUF's own blocks, 0.625 / 1.06 bytes per weight instead of
+  4), else float32, multiplied by a C kernel (specbench/models/ggml.py) that computes every output
+  row the same way whatever the number of rows: a k-token verify gives each row the bits k
+  one-token steps give (the linear layers are batch-invariant; attention is not). Same model as
+  eager up to summation order. Prefills (more than GGML_MAX_ROWS rows) go to F.linear.
+- `ggml_f32`: the same kernel on the float32 weights (batch-invariant, no compression).
 - `bf16`: bfloat16 copies of weight and bias, input rounded to bfloat16, output back to the
   model's dtype. Half the bytes; rounding differs from fp32 (a different model, slightly).
 - `qint8`: int8 weights (symmetric, per output channel) with fbgemm's dynamic quantization of
@@ -41,11 +48,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.errors import SpecBenchError, choice_error
+from specbench.models import ggml
 
 # oneDNN picks its blocked layout for a batch-size hint; verification batches are 1..16 rows
 MKLDNN_BATCH_HINT = 8
 # hybrid: below this many rows F.linear (MKL) beats prepacked oneDNN on this CPU
 HYBRID_MIN_ROWS = 4
+# ggml: above this many rows (a prefill) MKL's GEMM on the float32 parameter is faster (crossover
+# ~40 rows here); up to it (every verify width: Medusa's tree is 64) the batch-invariant kernel
+GGML_MAX_ROWS = 64
 
 
 def _pack_mkldnn(w: torch.Tensor, b: torch.Tensor | None):
@@ -80,7 +91,24 @@ def _run_qint8(x: torch.Tensor, packed) -> torch.Tensor:
     return torch.ops.quantized.linear_dynamic(x.contiguous(), packed, True)
 
 
+def _pack_ggml(w: torch.Tensor, b: torch.Tensor | None, formats=ggml.FORMATS):
+    return ggml.recover(w, formats), w, b
+
+
+def _pack_ggml_f32(w: torch.Tensor, b: torch.Tensor | None):
+    return _pack_ggml(w, b, ("f32",))
+
+
+def _run_ggml(x: torch.Tensor, packed) -> torch.Tensor:
+    bw, w, b = packed
+    if bw is None or x.numel() > GGML_MAX_ROWS * x.shape[-1]:
+        return F.linear(x, w, b)
+    return ggml.linear(x, bw, b)
+
+
 KERNELS = {
+    "ggml": (_pack_ggml, _run_ggml),
+    "ggml_f32": (_pack_ggml_f32, _run_ggml),
     "mkldnn": (_pack_mkldnn, _run_mkldnn),
     "hybrid": (_pack_mkldnn, _run_mkldnn),
     "bf16": (_pack_bf16, _run_bf16),
@@ -105,14 +133,18 @@ class BackendLinear(nn.Linear):
             return F.linear(x, w, self.bias)
         if w.dtype != torch.float32 or x.dtype != torch.float32 or w.device.type != "cpu":
             return F.linear(x, w, self.bias)
-        pack, run = KERNELS[self.backend]
+        return KERNELS[self.backend][1](x, self.packed())
+
+    def packed(self):
+        """The backend's copy of weight and bias, (re)built when either changed."""
+        w = self.weight
         key = (self.backend, w.data_ptr(), w._version, None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
         cached = self.__dict__.get("_packed")
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                cached = (key, pack(w.detach(), None if self.bias is None else self.bias.detach()))
+                cached = (key, KERNELS[self.backend][0](w.detach(), None if self.bias is None else self.bias.detach()))
             self.__dict__["_packed"] = cached
-        return run(x, cached[1])
+        return cached[1]
 
     def __getstate__(self):
         # deepcopy/pickle: the packed copy is derived data (and opaque); rebuild it on use
@@ -129,6 +161,8 @@ def check_backend(name) -> str:
         raise choice_error("model.backend", name, BACKENDS)
     if name in ("mkldnn", "hybrid") and not torch.backends.mkldnn.is_available():
         raise SpecBenchError(f"model.backend={name} needs a torch build with oneDNN (torch.backends.mkldnn); use eager or bf16")
+    if name in ("ggml", "ggml_f32") and (why := ggml.available()) is not None:
+        raise SpecBenchError(why)
     if name == "qint8" and "fbgemm" not in torch.backends.quantized.supported_engines:
         raise SpecBenchError("model.backend=qint8 needs torch's fbgemm quantized engine (x86); use eager or mkldnn")
     return name
@@ -150,6 +184,8 @@ def apply_backend(module: nn.Module, name) -> int:
         else:
             m.__class__ = BackendLinear
             m.backend = name
+            if m.weight.dtype == torch.float32 and m.weight.is_cpu:
+                m.packed()  # now, not inside the first timed forward (ggml's recovery takes seconds)
         n += 1
     return n
 

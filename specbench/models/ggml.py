@@ -1,0 +1,240 @@
+"""Weights in ggml's block formats, multiplied by a batch-invariant C kernel (model.backend=ggml).
+
+The embedded model ships as a Q4_1 GGUF (the tied embedding / LM head as Q8_0); transformers
+dequantizes it to float32, so the fp32 eager path reads 4 bytes per weight that carry 0.625
+(Q4_1) or 1.0625 (Q8_0) bytes of information. This backend recovers the blocks from the float32
+parameter and keeps a layer only if they reproduce it *bit for bit* (`recover`); the C kernel
+(ggml_kernels.c) dequantizes in registers exactly as gguf-py does. So the model is the same
+float32 model, only the summation order differs from MKL's, and the kernel computes every
+output row the same way whatever the number of rows: a k-token verify returns the bits of k
+one-token steps (greedy speculative decoding is then exact against AR on this backend).
+
+Layers whose weights are not block-representable (a float32 checkpoint, trained heads) fall
+back to the `hybrid` path. The kernel is compiled on first use with the system C compiler
+(`cc`, or $CC) for this CPU (-march=native) into the artifact cache; without a compiler the
+backend is unavailable and `check_backend` says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.errors import SpecBenchError
+
+BLOCK = 32
+SOURCE = Path(__file__).with_name("ggml_kernels.c")
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """One weight matrix [n, k] in a ggml block format; d (and m) are float32 per block."""
+
+    kind: str  # "q4_1" | "q8_0" | "f32"
+    n: int
+    k: int
+    # q4_1: uint8 [n, k/32, 16] (low nibbles = elements 0..15 of a block); q8_0: int8 [n, k/32, 32];
+    # f32: the weight itself [n, k] (shared with the parameter, no copy)
+    qs: torch.Tensor
+    d: torch.Tensor | None
+    m: torch.Tensor | None
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights, computed as gguf-py does (multiply, then add, each rounded)."""
+        if self.kind == "f32":
+            return self.qs
+        if self.kind == "q4_1":
+            q = torch.cat([self.qs & 0x0F, self.qs >> 4], dim=-1).float()
+            w = (self.d[..., None] * q) + self.m[..., None]
+        else:
+            w = self.d[..., None] * self.qs.float()
+        return w.reshape(self.n, self.k)
+
+    @functools.cached_property
+    def call(self):
+        """The kernel and the weight's pointers (looked up once: this runs ~200 times a forward)."""
+        ptr = [None if t is None else t.data_ptr() for t in (self.qs, self.d, self.m)]
+        return (getattr(library(), f"ggml_linear_{self.kind}"), *ptr)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+
+def _fp16_candidates(approx: torch.Tensor) -> list[torch.Tensor]:
+    """approx rounded to float16 and its two neighbours, as float32 (the stored scale is one of them)."""
+    h = approx.clamp(-65504, 65504).half().view(torch.int16)
+    return [(h + i).view(torch.float16).float() for i in (0, -1, 1)]
+
+
+def _first_exact(blocks: torch.Tensor, candidates, build):
+    """Per block, the first candidate scale whose reconstruction equals the block exactly
+    (None unless every block has one). Later candidates are tried on the misses only."""
+    d, q = candidates[0].clone(), None
+    todo = torch.arange(blocks.shape[0])
+    for i, cand in enumerate(candidates):
+        qi, rec = build(cand[todo], blocks[todo])
+        hit = (rec == blocks[todo]).all(dim=1)
+        if q is None:
+            q = qi.clone()  # the first candidate covers every block
+        idx = todo[hit]
+        d[idx], q[idx] = cand[idx], qi[hit]
+        todo = todo[~hit]
+        if todo.numel() == 0:
+            return d, q
+    return None
+
+
+def _recover_q4_1(blocks: torch.Tensor):
+    m = blocks.min(dim=1).values
+    if not torch.equal(m.half().float(), m):
+        return None
+
+    def build(d, b):
+        mb = b.min(dim=1, keepdim=True).values
+        safe = torch.where(d == 0, torch.ones_like(d), d)[:, None]
+        q = torch.round((b - mb) / safe).clamp(0, 15)
+        q = torch.where(d[:, None] == 0, torch.zeros_like(q), q)
+        return q, (d[:, None] * q) + mb
+
+    found = _first_exact(blocks, _fp16_candidates((blocks.max(dim=1).values - m) / 15), build)
+    if found is None:
+        return None
+    d, q = found
+    q = q.to(torch.uint8)
+    return d, m, q[:, :16] | (q[:, 16:] << 4)
+
+
+def _recover_q8_0(blocks: torch.Tensor):
+    def build(d, b):
+        safe = torch.where(d == 0, torch.ones_like(d), d)[:, None]
+        q = torch.round(b / safe).clamp(-128, 127)
+        q = torch.where(d[:, None] == 0, torch.zeros_like(q), q)
+        return q, d[:, None] * q
+
+    found = _first_exact(blocks, _fp16_candidates(blocks.abs().max(dim=1).values / 127), build)
+    if found is None:
+        return None
+    d, q = found
+    return d, q.to(torch.int8)
+
+
+FORMATS = ("q4_1", "q8_0", "f32")  # most compact first
+
+
+def recover(weight: torch.Tensor, formats=FORMATS) -> BlockWeight | None:
+    """The first of `formats` that reproduces `weight` bit for bit ("f32" always does), or None
+    if the kernel cannot take this weight (not a float32 CPU matrix with rows of 32k values)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK or not weight.is_cpu:
+        return None
+    n, k = weight.shape
+    blocks = weight.detach().reshape(-1, BLOCK)
+    shape = (n, k // BLOCK)
+    quantized = [f for f in formats if f != "f32"]
+    found = _recover_q4_1(blocks) if "q4_1" in quantized and bool(torch.isfinite(blocks).all()) else None
+    if found is not None:
+        d, m, qs = found
+        bw = BlockWeight("q4_1", n, k, qs.reshape(*shape, 16).contiguous(), d.reshape(shape).contiguous(), m.reshape(shape).contiguous())
+    else:
+        found = _recover_q8_0(blocks) if "q8_0" in quantized and bool(torch.isfinite(blocks).all()) else None
+        if found is None:
+            return BlockWeight("f32", n, k, weight.detach().contiguous(), None, None) if "f32" in formats else None
+        d, qs = found
+        bw = BlockWeight("q8_0", n, k, qs.reshape(*shape, 32).contiguous(), d.reshape(shape).contiguous(), None)
+    # belt and braces: the stored blocks must give back exactly the parameter
+    return bw if torch.equal(bw.dequantize(), weight.detach()) else None
+
+
+# -- the compiled kernel ------------------------------------------------------------------------
+
+_LIB: ctypes.CDLL | None = None
+_LIB_ERROR: str | None = None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("SPECBENCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specbench"
+    )
+    return Path(base) / "kernels"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+
+
+def build(extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile ggml_kernels.c for this machine (once per source, compiler, flags) and return the
+    shared library's path. `extra_flags` lets tests build the portable variant (-mno-avx512f)."""
+    cc = _compiler()
+    if cc is None:
+        raise SpecBenchError("model.backend=ggml needs a C compiler (cc/gcc, e.g. `apt-get install gcc`); use hybrid")
+    flags = [*CFLAGS, *extra_flags]
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256((SOURCE.read_text() + version + " ".join(flags) + os.uname().machine).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"ggml_kernels-{key}.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        so = Path(tmp) / out.name
+        res = subprocess.run([cc, *flags, "-o", str(so), str(SOURCE)], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise SpecBenchError(f"model.backend=ggml: compiling {SOURCE.name} failed: {res.stderr.strip()[-400:]}")
+        os.replace(so, out)  # atomic: concurrent runs never load a half-written library
+    return out
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    for kind in FORMATS:
+        fn = getattr(lib, f"ggml_linear_{kind}")
+        fn.argtypes = [p, i, i, p, p, p, i, p, p, i]
+        fn.restype = None
+    return lib
+
+
+def library() -> ctypes.CDLL:
+    """The compiled kernels for this machine (built on first use)."""
+    global _LIB, _LIB_ERROR
+    if _LIB is None:
+        if _LIB_ERROR is not None:
+            raise SpecBenchError(_LIB_ERROR)
+        try:
+            _LIB = load(build())
+        except (SpecBenchError, OSError) as e:
+            _LIB_ERROR = str(e)
+            raise SpecBenchError(_LIB_ERROR) from None
+    return _LIB
+
+
+def available() -> str | None:
+    """None if the kernel builds and loads here, else why not."""
+    try:
+        library()
+    except SpecBenchError as e:
+        return str(e)
+    return None
+
+
+def linear(x: torch.Tensor, w: BlockWeight, bias: torch.Tensor | None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x @ W.T + bias for float32 CPU x of any leading shape (`lib`: another build, for tests)."""
+    x2 = x.reshape(-1, w.k).contiguous()
+    rows = x2.shape[0]
+    y = torch.empty(rows, w.n, dtype=torch.float32)
+    fn, qs, d, m = w.call
+    if lib is not None:
+        fn = getattr(lib, f"ggml_linear_{w.kind}")
+    b = None if bias is None else bias.contiguous().data_ptr()
+    fn(x2.data_ptr(), rows, w.k, qs, d, m, w.n, b, y.data_ptr(), torch.get_num_threads())
+    return y.reshape(*x.shape[:-1], w.n)

@@ -1,0 +1,209 @@
+/* Linear layers over weights kept in ggml's block formats (model.backend=ggml).
+ *
+ * y[r, n] = sum_k x[r, k] * W[n, k] (+ bias[n]) for r < M rows, where W is stored as
+ *   Q4_1: per block of 32 weights a nibble q (0..15), a scale d and a minimum m: w = d*q + m
+ *   Q8_0: per block of 32 weights an int8 q and a scale d:                      w = d*q
+ *   F32:  the float32 weights themselves (any model; only the batch invariance is gained)
+ * The weights are dequantized in registers exactly as gguf-py does (a float multiply, then a
+ * float add, each rounded: no fused multiply-add), so they equal the model's float32 parameters
+ * bit for bit; the Python side only uses a layer here after checking that.
+ *
+ * Batch invariance, on purpose: every output y[r, n] is computed by the same sequence of
+ * operations whatever M is and whichever other rows share the call (one vector accumulator per
+ * (r, n), fused multiply-adds half-block after half-block, then one fixed horizontal sum). A forward over k tokens therefore returns, row for row, the bits k one-token
+ * forwards return, so greedy speculative decoding reproduces AR's tokens exactly.
+ *
+ * Bandwidth: Q4_1 reads 0.625 bytes per weight (float32: 4), Q8_0 1.0625. The rows of W are
+ * read once per call whatever M is (the x rows of one call are processed against a block of W
+ * rows while those sit in L1), so a k-token forward costs little more memory traffic than a
+ * one-token one; what grows with k is the multiply-adds.
+ *
+ * Threads: OpenMP over output rows (the same libgomp torch loads; it shares its soname).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 32
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+typedef __m512 vec;
+static inline vec vzero(void) { return _mm512_setzero_ps(); }
+static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+
+static inline void dequant_q4_1(const uint8_t *q, float d, float m, vec *lo, vec *hi) {
+    /* the block's 16 possible weights d*q + m (q = 0..15) fill one register; each weight is
+     * then a lookup (vpermps reads only the low 4 bits of each index): same bits as computing
+     * d*q + m per weight, fewer instructions */
+    const vec iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    vec table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d), _mm512_set1_ps(m)); /* d*q is exact in float32 (11-bit d, 4-bit q): one rounding either way */
+    __m128i b = _mm_loadu_si128((const __m128i *)q);
+    *lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(b), table);
+    *hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(b, 4)), table);
+}
+
+static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
+    vec vd = _mm512_set1_ps(d);
+    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), vd);
+    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), vd);
+}
+
+#else /* portable: 16 float lanes as a struct; same operations, same order within this build */
+typedef struct { float v[16]; } vec;
+static inline vec vzero(void) { vec r; memset(&r, 0, sizeof r); return r; }
+static inline vec vload(const float *p) { vec r; memcpy(r.v, p, sizeof r.v); return r; }
+static inline vec vfma(vec a, vec b, vec c) {
+    for (int i = 0; i < 16; i++) c.v[i] = __builtin_fmaf(a.v[i], b.v[i], c.v[i]);
+    return c;
+}
+static inline float vsum(vec a) {
+    float s[16];
+    for (int i = 0; i < 16; i++) s[i] = a.v[i];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) s[i] += s[i + w];
+    return s[0];
+}
+static inline void dequant_q4_1(const uint8_t *q, float d, float m, vec *lo, vec *hi) {
+    for (int i = 0; i < 16; i++) {
+        volatile float pl = (float)(q[i] & 0x0F) * d, ph = (float)(q[i] >> 4) * d; /* no contraction */
+        lo->v[i] = pl + m;
+        hi->v[i] = ph + m;
+    }
+}
+static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
+    for (int i = 0; i < 16; i++) {
+        lo->v[i] = (float)q[i] * d;
+        hi->v[i] = (float)q[i + 16] * d;
+    }
+}
+#endif
+
+/* One tile: NB rows of W (starting at n) against R rows of x (starting at x). NB and R are
+ * compile-time constants at every call site, so the accumulators live in registers. One
+ * accumulator per output: two fused multiply-adds per block (its first half, then its second),
+ * the same sequence in every tile shape. */
+#define TILE(NAME, NB, R, QTYPE, DEQ)                                                           \
+    static inline __attribute__((always_inline)) void NAME(                                     \
+        const float *x, int ldx, int nb, const QTYPE *qs, const float *d, const float *m,      \
+        const float *bias, float *y, int ldy) {                                                 \
+        vec acc[NB][R];                                                                         \
+        for (int j = 0; j < NB; j++)                                                            \
+            for (int r = 0; r < R; r++) acc[j][r] = vzero();                                    \
+        for (int b = 0; b < nb; b++) {                                                          \
+            vec wl[NB], wh[NB];                                                                 \
+            for (int j = 0; j < NB; j++) DEQ;                                                   \
+            for (int r = 0; r < R; r++) {                                                       \
+                /* each x vector is loaded once and used against every W row of the tile */     \
+                const float *xp = x + (long)r * ldx + (long)b * BLOCK;                          \
+                const vec xl = vload(xp), xh = vload(xp + 16);                                  \
+                for (int j = 0; j < NB; j++) acc[j][r] = vfma(wh[j], xh, vfma(wl[j], xl, acc[j][r])); \
+            }                                                                                   \
+        }                                                                                       \
+        for (int j = 0; j < NB; j++)                                                            \
+            for (int r = 0; r < R; r++)                                                         \
+                y[(long)r * ldy + j] = vsum(acc[j][r]) + (bias ? bias[j] : 0.0f);               \
+    }
+
+#define DEQ_Q4 dequant_q4_1(qs + ((long)j * nb + b) * 16, d[(long)j * nb + b], m[(long)j * nb + b], &wl[j], &wh[j])
+#define DEQ_Q8 dequant_q8_0(qs + ((long)j * nb + b) * 32, d[(long)j * nb + b], &wl[j], &wh[j])
+#define DEQ_F32 (wl[j] = vload(qs + ((long)j * nb + b) * 32), wh[j] = vload(qs + ((long)j * nb + b) * 32 + 16))
+
+#define TILES(P, QTYPE, DEQ)        \
+    TILE(P##_8x1, 8, 1, QTYPE, DEQ) \
+    TILE(P##_4x1, 4, 1, QTYPE, DEQ) \
+    TILE(P##_4x2, 4, 2, QTYPE, DEQ) \
+    TILE(P##_4x3, 4, 3, QTYPE, DEQ) \
+    TILE(P##_4x4, 4, 4, QTYPE, DEQ) \
+    TILE(P##_2x5, 2, 5, QTYPE, DEQ) \
+    TILE(P##_2x6, 2, 6, QTYPE, DEQ) \
+    TILE(P##_2x7, 2, 7, QTYPE, DEQ) \
+    TILE(P##_2x8, 2, 8, QTYPE, DEQ) \
+    TILE(P##_1x5, 1, 5, QTYPE, DEQ) \
+    TILE(P##_1x6, 1, 6, QTYPE, DEQ) \
+    TILE(P##_1x7, 1, 7, QTYPE, DEQ) \
+    TILE(P##_1x8, 1, 8, QTYPE, DEQ) \
+    TILE(P##_1x1, 1, 1, QTYPE, DEQ) \
+    TILE(P##_1x2, 1, 2, QTYPE, DEQ) \
+    TILE(P##_1x3, 1, 3, QTYPE, DEQ) \
+    TILE(P##_1x4, 1, 4, QTYPE, DEQ)
+
+TILES(q4, uint8_t, DEQ_Q4)
+TILES(q8, int8_t, DEQ_Q8)
+TILES(f32, float, DEQ_F32)
+
+/* bytes of quantized data per block row entry */
+#define Q4_BYTES 16
+#define Q8_BYTES 32
+#define F32_VALUES 32
+
+/* One call: output rows in groups of GROUP (the unit of work per thread); inside a group, one
+ * row of x: 8 rows of W at once; else 4 rows of W (1 at a time for a tail) against chunks of up
+ * to RMAX rows of x, so the x rows a tile reads stay in L1 and W's rows are read once from
+ * memory. */
+#define GROUP 8
+#define LINEAR(NAME, P, QTYPE, QB, RMAX)                                                                     \
+    void NAME(const float *x, int M, int K, const QTYPE *qs, const float *d, const float *m, int N,     \
+              const float *bias, float *y, int nthreads) {                                                \
+        const int nb = K / BLOCK;                                                                         \
+        const int groups = (N + GROUP - 1) / GROUP;                                                       \
+        _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(nthreads > 1)")              \
+        for (int g = 0; g < groups; g++) {                                                                \
+            const int n0 = GROUP * g, n1 = n0 + GROUP < N ? n0 + GROUP : N;                               \
+            for (int n = n0; n < n1;) {                                                                   \
+                const int nbk = M == 1 && n1 - n == 8 ? 8 : n1 - n >= 4 ? 4 : 1;                          \
+                const QTYPE *q = qs + (long)n * nb * QB;                                                  \
+                const float *dn = d ? d + (long)n * nb : 0, *mn = m ? m + (long)n * nb : 0;              \
+                const float *bn = bias ? bias + n : 0;                                                    \
+                for (int r0 = 0; r0 < M; r0 += RMAX) {                                                    \
+                    const float *xr = x + (long)r0 * K;                                                   \
+                    float *yr = y + (long)r0 * N + n;                                                     \
+                    const int R = M - r0 < RMAX ? M - r0 : RMAX;                                          \
+                    if (nbk == 8) P##_8x1(xr, K, nb, q, dn, mn, bn, yr, N);                               \
+                    else if (nbk == 4 && R > 4) {                                                         \
+                        for (int h = 0; h < 4; h += 2) {                                                  \
+                            const QTYPE *qh = q + (long)h * nb * QB;                                      \
+                            const float *dh = dn ? dn + (long)h * nb : 0, *mh = mn ? mn + (long)h * nb : 0; \
+                            const float *bh = bn ? bn + h : 0;                                            \
+                            if (R == 5) P##_2x5(xr, K, nb, qh, dh, mh, bh, yr + h, N);                    \
+                            else if (R == 6) P##_2x6(xr, K, nb, qh, dh, mh, bh, yr + h, N);               \
+                            else if (R == 7) P##_2x7(xr, K, nb, qh, dh, mh, bh, yr + h, N);               \
+                            else P##_2x8(xr, K, nb, qh, dh, mh, bh, yr + h, N);                           \
+                        }                                                                                 \
+                    } else if (nbk == 4) {                                                                \
+                        if (R == 1) P##_4x1(xr, K, nb, q, dn, mn, bn, yr, N);                             \
+                        else if (R == 2) P##_4x2(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else if (R == 3) P##_4x3(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else P##_4x4(xr, K, nb, q, dn, mn, bn, yr, N);                                    \
+                    } else {                                                                              \
+                        if (R == 1) P##_1x1(xr, K, nb, q, dn, mn, bn, yr, N);                             \
+                        else if (R == 2) P##_1x2(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else if (R == 3) P##_1x3(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else if (R == 4) P##_1x4(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else if (R == 5) P##_1x5(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else if (R == 6) P##_1x6(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else if (R == 7) P##_1x7(xr, K, nb, q, dn, mn, bn, yr, N);                        \
+                        else P##_1x8(xr, K, nb, q, dn, mn, bn, yr, N);                                    \
+                    }                                                                                     \
+                }                                                                                         \
+                n += nbk;                                                                                 \
+            }                                                                                             \
+        }                                                                                                 \
+    }
+
+/* quantized formats take up to 8 rows of x per tile (2 rows of W): each block is dequantized
+ * once for all of them; float32 takes 4 (4 rows of W): nothing to dequantize, fewer loads per
+ * multiply-add (measured on the embedded shapes, results/bench/backends.md) */
+LINEAR(ggml_linear_q4_1, q4, uint8_t, Q4_BYTES, 8)
+LINEAR(ggml_linear_q8_0, q8, int8_t, Q8_BYTES, 8)
+LINEAR(ggml_linear_f32, f32, float, F32_VALUES, 4)
+
+int ggml_kernels_avx512(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}

