@@ -6,14 +6,24 @@ import copy
 
 import pytest
 import torch
+from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny_model
 from torch import nn
 
-from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny_model
 from specbench.errors import SpecBenchError
 from specbench.methods.medusa import load_heads
-from specbench.models import BACKENDS, apply_backend, backend_of, truncated_copy
-from specbench.models import backends
-from specbench.models.backends import BATCH_DEPENDENT, HYBRID_MIN_ROWS, BackendLinear, check_backend
+from specbench.models import (
+    BACKENDS,
+    apply_backend,
+    backend_of,
+    backends,
+    truncated_copy,
+)
+from specbench.models.backends import (
+    BATCH_DEPENDENT,
+    HYBRID_MIN_ROWS,
+    BackendLinear,
+    check_backend,
+)
 
 FAST = [b for b in BACKENDS if b != "eager"]
 # max |logits - eager logits| / max |eager logits| on a small random fp32 model (init_std 0.02)

