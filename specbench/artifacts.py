@@ -25,6 +25,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specbench.cachedir import cache_dir
 from specbench.errors import SpecBenchError
 from specbench.models.backends import apply_backend, backend_of
 
@@ -37,16 +38,6 @@ TRAIN_HINT = {
     "eagle": "python -m specbench.train method=eagle model={model}",
     "cali": "python -m specbench.train method=eesd model={model} method.n_layers={n} (trains the Cali-TS predictor too)",
 }
-
-
-def cache_dir() -> Path:
-    if os.environ.get("SPECBENCH_CACHE_DIR"):
-        base = Path(os.environ["SPECBENCH_CACHE_DIR"])
-    elif os.environ.get("XDG_CACHE_HOME"):
-        base = Path(os.environ["XDG_CACHE_HOME"]) / "specbench"
-    else:
-        base = Path("~/.cache/specbench")
-    return base.expanduser().absolute()
 
 
 def safe_key(key: str) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from specbench.cachedir import cache_dir
 from specbench.errors import SpecBenchError
 
 BLOCK = 32
@@ -140,13 +141,13 @@ def recover(weight: torch.Tensor, formats=FORMATS) -> BlockWeight | None:
     n, k = weight.shape
     blocks = weight.detach().reshape(-1, BLOCK)
     shape = (n, k // BLOCK)
-    quantized = [f for f in formats if f != "f32"]
-    found = _recover_q4_1(blocks) if "q4_1" in quantized and bool(torch.isfinite(blocks).all()) else None
+    finite = bool(torch.isfinite(blocks).all())
+    found = _recover_q4_1(blocks) if "q4_1" in formats and finite else None
     if found is not None:
         d, m, qs = found
         bw = BlockWeight("q4_1", n, k, qs.reshape(*shape, 16).contiguous(), d.reshape(shape).contiguous(), m.reshape(shape).contiguous())
     else:
-        found = _recover_q8_0(blocks) if "q8_0" in quantized and bool(torch.isfinite(blocks).all()) else None
+        found = _recover_q8_0(blocks) if "q8_0" in formats and finite else None
         if found is None:
             return BlockWeight("f32", n, k, weight.detach().contiguous(), None, None) if "f32" in formats else None
         d, qs = found
@@ -161,27 +162,21 @@ _LIB: ctypes.CDLL | None = None
 _LIB_ERROR: str | None = None
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("SPECBENCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specbench"
-    )
-    return Path(base) / "kernels"
-
-
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler the kernel is built with ($CC, cc or gcc), or None."""
     return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
 
 
 def build(extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile ggml_kernels.c for this machine (once per source, compiler, flags) and return the
     shared library's path. `extra_flags` lets tests build the portable variant (-mno-avx512f)."""
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         raise SpecBenchError("model.backend=ggml needs a C compiler (cc/gcc, e.g. `apt-get install gcc`); use hybrid")
     flags = [*CFLAGS, *extra_flags]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256((SOURCE.read_text() + version + " ".join(flags) + os.uname().machine).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"ggml_kernels-{key}.so"
+    out = cache_dir() / "kernels" / f"ggml_kernels-{key}.so"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -68,9 +68,8 @@ static inline float vsum(vec a) {
 }
 static inline void dequant_q4_1(const uint8_t *q, float d, float m, vec *lo, vec *hi) {
     for (int i = 0; i < 16; i++) {
-        volatile float pl = (float)(q[i] & 0x0F) * d, ph = (float)(q[i] >> 4) * d; /* no contraction */
-        lo->v[i] = pl + m;
-        hi->v[i] = ph + m;
+        lo->v[i] = (float)(q[i] & 0x0F) * d + m; /* -ffp-contract=off: a multiply, then an add */
+        hi->v[i] = (float)(q[i] >> 4) * d + m;
     }
 }
 static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
