@@ -7,6 +7,7 @@ control dict passed the way the runner passes it (ctx={"control": ...}).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods import build_method
-from specbench.models import load_model
+from specbench.models import apply_backend, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -54,6 +55,21 @@ def _tiny(frozen: str):
 def tiny_model(**overrides):
     """A tiny-llama adapter (cached per config: treat it as read-only)."""
     return _tiny(json.dumps(TINY | overrides, sort_keys=True))
+
+
+def q4_tiny_model(backend: str):
+    """A private float32 tiny model whose linear weights went through Q4_1 (quantized and
+    dequantized by gguf-py): the embedded model's situation, so `ggml` runs its Q4_1 kernel."""
+    from gguf import GGMLQuantizationType, quants
+
+    target = copy.deepcopy(tiny_model(dtype="float32", init_std=0.3))
+    q4 = GGMLQuantizationType.Q4_1
+    with torch.no_grad():
+        for m in target.model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.copy_(torch.from_numpy(quants.dequantize(quants.quantize(m.weight.numpy(), q4), q4).copy()))
+    apply_backend(target.model, backend)
+    return target
 
 
 def control(name: str = "fixed", k: int = 4, **kw) -> dict:

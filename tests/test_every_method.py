@@ -11,9 +11,10 @@ from omegaconf import OmegaConf
 
 import specbench.control  # noqa: F401 - registers the controllers
 import specbench.methods  # noqa: F401 - registers the methods
-from helpers import CONF, ar_tokens, build, tiny_model
+from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from specbench.control import CONTROLLERS
 from specbench.methods.base import METHODS, SpeculativeMethod
+from specbench.models import ggml
 
 K_MAX = 4
 # what the tiny 4-layer model needs beyond conf/method/<name>.yaml (+ allow_untrained: true)
@@ -58,3 +59,18 @@ def test_every_registered_method_has_its_yaml_and_every_yaml_its_method():
     files = {p.stem: OmegaConf.load(p).get("name") for p in (CONF / "method").glob("*.yaml")}
     assert sorted(METHODS) == sorted(files), "registered methods and conf/method/*.yaml differ"
     assert all(files[m] == m for m in METHODS), {m: files[m] for m in METHODS if files[m] != m}
+
+
+@pytest.mark.skipif(ggml.compiler() is None, reason="model.backend=ggml needs a C compiler")
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_greedy_equals_ar_on_the_ggml_backend(method, tmp_path, monkeypatch):
+    """The embedded model's default backend: weights in Q4_1 blocks, a batch-invariant kernel
+    for the target, its drafts and its trained parts (float32 ones through the same kernel).
+    Every method, its default controller, must still return AR's tokens."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    target = q4_tiny_model("ggml")
+    m = build(method, target, method_config(method))
+    ref = m.finetuned_adapter if getattr(m, "baseline_weights", None) == "fine-tuned" else target
+    for prompt in PROMPTS:
+        got = m.generate(prompt, 24, frozenset(), 0)
+        assert got.tokens == ar_tokens(ref, prompt, 24), f"{method} differs from AR on the ggml backend on {prompt}"

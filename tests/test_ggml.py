@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
-from helpers import GREEDY, ar_tokens, build, control, method_cfg, tiny_model
+from helpers import GREEDY, ar_tokens, build, control, method_cfg, q4_tiny_model
 from torch import nn
 
 from specbench.models import apply_backend, ggml
 from specbench.models.backends import BackendLinear
 
-pytestmark = pytest.mark.skipif(ggml.available() is not None, reason=f"no C compiler: {ggml.available()}")
+# only a missing compiler skips; a kernel that fails to build or load fails these tests
+pytestmark = pytest.mark.skipif(ggml.compiler() is None, reason="no C compiler (cc/gcc)")
 
 QTYPE = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
 
@@ -120,23 +121,11 @@ def test_portable_build_without_avx512(kind):
     _check_kernel(kind, lib)
 
 
-def q4_model(backend: str):
-    """A tiny float32 model whose weights went through Q4_1 (the embedded model's situation)."""
-    target = copy.deepcopy(tiny_model(dtype="float32", init_std=0.3))
-    with torch.no_grad():
-        for m in target.model.modules():
-            if isinstance(m, nn.Linear):
-                w = m.weight.numpy()
-                m.weight.copy_(torch.from_numpy(quants.dequantize(quants.quantize(w, QTYPE["q4_1"]), QTYPE["q4_1"]).copy()))
-    apply_backend(target.model, backend)
-    return target
-
-
 def test_tiny_q4_model_runs_the_q4_kernel_and_matches_ar():
-    target = q4_model("ggml")
+    target = q4_tiny_model("ggml")
     kinds = {m.packed()[0].kind for m in target.model.modules() if isinstance(m, BackendLinear)}
     assert kinds == {"q4_1"}
-    ref = q4_model("eager")
+    ref = q4_tiny_model("eager")
     ids = list(range(5, 40))
     with torch.no_grad():
         a = target.forward(ids, target.new_cache())[0]
