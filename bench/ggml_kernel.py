@@ -78,8 +78,8 @@ def main() -> None:
     cells = []
     for m_rows in ROWS:
         xs = [torch.randn(m_rows, lin.in_features) for lin in layers]
-        mkl = median_ms(lambda: [F.linear(x, lin.weight) for x, lin in zip(xs, layers)], args.reps)
-        ker = median_ms(lambda: [ggml.linear(x, b, None) for x, b in zip(xs, blocks)], args.reps)
+        mkl = median_ms(lambda xs=xs: [F.linear(x, lin.weight) for x, lin in zip(xs, layers)], args.reps)
+        ker = median_ms(lambda xs=xs: [ggml.linear(x, b, None) for x, b in zip(xs, blocks)], args.reps)
         cells.append([m_rows, mkl, ker, mkl / ker])
         print(f"M={m_rows}: F.linear {mkl:.1f} ms, ggml {ker:.1f} ms", flush=True)
     macs = sum(lin.in_features * lin.out_features for lin in layers)
@@ -100,18 +100,18 @@ def main() -> None:
         "# The ggml kernel on the embedded model's layers",
         "",
         f"- command: python {' '.join(sys.argv)}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M')}; {args.threads} torch thread(s); torch {torch.__version__}; "
-        f"avx512 build: {bool(ggml.library().ggml_kernels_avx512())}",
-        f"- {len(layers)} linear layers ({macs / 1e6:.0f}M weights), block formats: {sorted({b.kind for b in blocks})} "
-        f"(most: {kinds}); medians of {args.reps} repetitions",
+        (f"- date: {time.strftime('%Y-%m-%d %H:%M')}; {args.threads} torch thread(s); torch {torch.__version__}; "
+         f"avx512 build: {bool(ggml.library().ggml_kernels_avx512())}"),
+        (f"- {len(layers)} linear layers ({macs / 1e6:.0f}M weights), block formats: {sorted({b.kind for b in blocks})} "
+         f"(most: {kinds}); medians of {args.reps} repetitions"),
         "",
         markdown(["rows M", Column("F.linear ms", spec=".1f"), Column("ggml ms", spec=".1f"),
                   Column("F.linear / ggml", spec=".2f")], cells),
         "",
-        f"- kernel cost per call (1 row, a 4 x 32 layer): {per_call_us:.1f} us; x {len(layers)} layers = "
-        f"{per_call_us * len(layers) / 1e3:.2f} ms per forward",
-        f"- MKL fp32 GEMM 512x576 @ 576x1536: {mkl_gflops:.0f} GFLOP/s; the ggml kernel at 8 rows: "
-        f"{kernel_gflops:.0f} GFLOP/s ({kernel_gflops / mkl_gflops:.0%} of MKL's)",
+        (f"- kernel cost per call (1 row, a 4 x 32 layer): {per_call_us:.1f} us; x {len(layers)} layers = "
+         f"{per_call_us * len(layers) / 1e3:.2f} ms per forward"),
+        (f"- MKL fp32 GEMM 512x576 @ 576x1536: {mkl_gflops:.0f} GFLOP/s; the ggml kernel at 8 rows: "
+         f"{kernel_gflops:.0f} GFLOP/s ({kernel_gflops / mkl_gflops:.0%} of MKL's)"),
         "- whole forward, max |8-token logits - 8 one-token logits| (0 = batch-invariant): "
         + ", ".join(f"{be} {g:.2e}" for be, g in gaps.items()),
         "",

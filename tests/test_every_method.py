@@ -7,11 +7,11 @@ Trained parts are left untrained (`allow_untrained`); greedy output must equal A
 from __future__ import annotations
 
 import pytest
+from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from omegaconf import OmegaConf
 
 import specbench.control  # noqa: F401 - registers the controllers
 import specbench.methods  # noqa: F401 - registers the methods
-from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from specbench.control import CONTROLLERS
 from specbench.methods.base import METHODS, SpeculativeMethod
 from specbench.models import ggml
