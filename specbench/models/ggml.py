@@ -49,6 +49,8 @@ class BlockWeight:
     qs: torch.Tensor
     d: torch.Tensor | None
     m: torch.Tensor | None
+    # the one-row path's copy of the same blocks, 8 output rows side by side (see `stripes`)
+    stripes: torch.Tensor | None = None
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights, computed as gguf-py does (multiply, then add, each rounded)."""
@@ -64,12 +66,26 @@ class BlockWeight:
     @functools.cached_property
     def call(self):
         """The kernel and the weight's pointers (looked up once: this runs ~200 times a forward)."""
-        ptr = [None if t is None else t.data_ptr() for t in (self.qs, self.d, self.m)]
+        ptr = [None if t is None else t.data_ptr() for t in (self.qs, self.d, self.m, self.stripes)]
         return (getattr(library(), f"ggml_linear_{self.kind}"), *ptr)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the block format (the stripes are a second copy of the same blocks)."""
         return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+
+def stripes(kind: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """The blocks of each full group of 8 output rows as the kernel's one-row path reads them:
+    block b of the group's 8 rows side by side, each a record {d, m, qs} (Q4_1, 24 bytes) or
+    {d, qs} (Q8_0, 36 bytes). Decoding then streams one sequential run of memory per group
+    (ggml_kernels.c says why that halves its time); the rows of a last partial group are not
+    striped (the kernel reads them from qs/d/m)."""
+    n, nb = d.shape
+    fields = [d[..., None].view(torch.uint8)] + ([m[..., None].view(torch.uint8)] if kind == "q4_1" else [])
+    rec = torch.cat([*fields, qs.view(torch.uint8)], dim=-1)  # [n, nb, REC]
+    full = n - n % 8
+    return rec[:full].reshape(full // 8, 8, nb, -1).transpose(1, 2).contiguous().reshape(-1)
 
 
 def _fp16_candidates(approx: torch.Tensor) -> list[torch.Tensor]:
@@ -145,13 +161,15 @@ def recover(weight: torch.Tensor, formats=FORMATS) -> BlockWeight | None:
     found = _recover_q4_1(blocks) if "q4_1" in formats and finite else None
     if found is not None:
         d, m, qs = found
-        bw = BlockWeight("q4_1", n, k, qs.reshape(*shape, 16).contiguous(), d.reshape(shape).contiguous(), m.reshape(shape).contiguous())
+        qs, d, m = qs.reshape(*shape, 16).contiguous(), d.reshape(shape).contiguous(), m.reshape(shape).contiguous()
+        bw = BlockWeight("q4_1", n, k, qs, d, m, stripes("q4_1", qs, d, m))
     else:
         found = _recover_q8_0(blocks) if "q8_0" in formats and finite else None
         if found is None:
             return BlockWeight("f32", n, k, weight.detach().contiguous(), None, None) if "f32" in formats else None
         d, qs = found
-        bw = BlockWeight("q8_0", n, k, qs.reshape(*shape, 32).contiguous(), d.reshape(shape).contiguous(), None)
+        qs, d = qs.reshape(*shape, 32).contiguous(), d.reshape(shape).contiguous()
+        bw = BlockWeight("q8_0", n, k, qs, d, None, stripes("q8_0", qs, d, None))
     # belt and braces: the stored blocks must give back exactly the parameter
     return bw if torch.equal(bw.dequantize(), weight.detach()) else None
 
@@ -194,7 +212,7 @@ def load(path: Path) -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int
     for kind in FORMATS:
         fn = getattr(lib, f"ggml_linear_{kind}")
-        fn.argtypes = [p, i, i, p, p, p, i, p, p, i]
+        fn.argtypes = [p, i, i, p, p, p, i, p, p, p, i]
         fn.restype = None
     return lib
 
@@ -227,9 +245,9 @@ def linear(x: torch.Tensor, w: BlockWeight, bias: torch.Tensor | None, lib: ctyp
     x2 = x.reshape(-1, w.k).contiguous()
     rows = x2.shape[0]
     y = torch.empty(rows, w.n, dtype=torch.float32)
-    fn, qs, d, m = w.call
+    fn, qs, d, m, st = w.call
     if lib is not None:
         fn = getattr(lib, f"ggml_linear_{w.kind}")
     b = None if bias is None else bias.contiguous().data_ptr()
-    fn(x2.data_ptr(), rows, w.k, qs, d, m, w.n, b, y.data_ptr(), torch.get_num_threads())
+    fn(x2.data_ptr(), rows, w.k, qs, d, m, w.n, b, y.data_ptr(), st, torch.get_num_threads())
     return y.reshape(*x.shape[:-1], w.n)
