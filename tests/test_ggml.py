@@ -86,8 +86,10 @@ def test_recovery_finds_the_embedded_files_own_blocks():
             assert torch.equal(bw.qs, torch.from_numpy(blocks[..., 2:].copy().view(np.int8)))
 
 
-def _check_kernel(kind: str, lib=None) -> None:
-    n, k = 67, 96  # odd n: every tile shape and the tail
+def _check_kernel(kind: str, lib=None, n: int = 67) -> None:
+    # n = 67: every tile shape, the one-row path's stripes (8 full groups) and a 3-row tail;
+    # n = 5: no full group, so no stripes at all
+    k = 96
     w = gguf_weight(kind, n, k, seed=1)
     bw = ggml.recover(w)
     assert bw.kind == kind
@@ -110,6 +112,7 @@ def _check_kernel(kind: str, lib=None) -> None:
 @pytest.mark.parametrize("kind", ggml.FORMATS)
 def test_kernel_is_batch_invariant_and_equals_f_linear_up_to_rounding(kind):
     _check_kernel(kind)
+    _check_kernel(kind, n=5)
 
 
 @pytest.mark.parametrize("kind", ggml.FORMATS)
@@ -148,3 +151,18 @@ def test_blocks_follow_weight_changes():
         lin.weight.mul_(-1.0)  # a checkpoint load / optimizer step in place
         got = lin(x)
     assert torch.allclose(got, nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_stripes_hold_the_same_blocks_as_the_rows(kind):
+    """The one-row path reads `stripes`; record (group g, block b, row j) must be row 8g+j's block b."""
+    n, k = 19, 96
+    bw = ggml.recover(gguf_weight(kind, n, k, seed=3))
+    nb, rec = k // 32, 24 if kind == "q4_1" else 36
+    s = bw.stripes.reshape(n // 8, nb, 8, rec)
+    for g, b, j in [(0, 0, 0), (0, 2, 7), (1, 1, 3)]:
+        r = s[g, b, j]
+        assert torch.equal(r[:4].view(torch.float32), bw.d[8 * g + j, b : b + 1])
+        if kind == "q4_1":
+            assert torch.equal(r[4:8].view(torch.float32), bw.m[8 * g + j, b : b + 1])
+        assert torch.equal(r[rec - bw.qs.shape[-1] :], bw.qs[8 * g + j, b].view(torch.uint8))

@@ -85,7 +85,7 @@ def stripes(kind: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None
     fields = [d[..., None].view(torch.uint8)] + ([m[..., None].view(torch.uint8)] if kind == "q4_1" else [])
     rec = torch.cat([*fields, qs.view(torch.uint8)], dim=-1)  # [n, nb, REC]
     full = n - n % 8
-    return rec[:full].reshape(full // 8, 8, nb, -1).transpose(1, 2).contiguous().reshape(-1)
+    return rec[:full].reshape(full // 8, 8, nb, rec.shape[-1]).transpose(1, 2).contiguous().reshape(-1)
 
 
 def _fp16_candidates(approx: torch.Tensor) -> list[torch.Tensor]:
