@@ -16,6 +16,7 @@ Written to results/bench/ggml_kernel.md with the command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -82,6 +83,12 @@ def main() -> None:
         ker = median_ms(lambda xs=xs: [ggml.linear(x, b, None) for x, b in zip(xs, blocks)], args.reps)
         cells.append([m_rows, mkl, ker, mkl / ker])
         print(f"M={m_rows}: F.linear {mkl:.1f} ms, ggml {ker:.1f} ms", flush=True)
+    # the one-row path with and without its striped copy of the weights, interleaved
+    flat = [dataclasses.replace(b, stripes=None) for b in blocks]
+    xs = [torch.randn(1, lin.in_features) for lin in layers]
+    pairs = [(median_ms(lambda: [ggml.linear(x, b, None) for x, b in zip(xs, flat)], args.reps),
+              median_ms(lambda: [ggml.linear(x, b, None) for x, b in zip(xs, blocks)], args.reps)) for _ in range(3)]
+    no_stripes, with_stripes = (statistics.median(p) for p in zip(*pairs))
     macs = sum(lin.in_features * lin.out_features for lin in layers)
 
     tiny = ggml.recover(torch.zeros(4, 32))
@@ -110,6 +117,8 @@ def main() -> None:
         "",
         (f"- kernel cost per call (1 row, a 4 x 32 layer): {per_call_us:.1f} us; x {len(layers)} layers = "
          f"{per_call_us * len(layers) / 1e3:.2f} ms per forward"),
+        (f"- one row, the 211 layers: {no_stripes:.1f} ms reading the row-major blocks, {with_stripes:.1f} ms "
+         "reading the stripes (the default; medians of 3 interleaved pairs)"),
         (f"- MKL fp32 GEMM 512x576 @ 576x1536: {mkl_gflops:.0f} GFLOP/s; the ggml kernel at 8 rows: "
          f"{kernel_gflops:.0f} GFLOP/s ({kernel_gflops / mkl_gflops:.0%} of MKL's)"),
         "- whole forward, max |8-token logits - 8 one-token logits| (0 = batch-invariant): "

@@ -10,7 +10,10 @@ output row the same way whatever the number of rows: a k-token verify returns th
 one-token steps (greedy speculative decoding is then exact against AR on this backend).
 
 Layers whose weights are not block-representable (a float32 checkpoint, trained heads) fall
-back to the `hybrid` path. The kernel is compiled on first use with the system C compiler
+back to the `hybrid` path. Quantized weights are held twice (row-major blocks for the multi-row
+tiles, `stripes` for the one-row decode path: ~110 MB more for the embedded model), because the
+decode step streams memory and the multi-row tiles do not, and each layout is the fast one for
+its case (measured; ggml_kernels.c). The kernel is compiled on first use with the system C compiler
 (`cc`, or $CC) for this CPU (-march=native) into the artifact cache; without a compiler the
 backend is unavailable and `check_backend` says so.
 """

@@ -13,10 +13,12 @@
  * (r, n), fused multiply-adds half-block after half-block, then one fixed horizontal sum). A forward over k tokens therefore returns, row for row, the bits k one-token
  * forwards return, so greedy speculative decoding reproduces AR's tokens exactly.
  *
- * Bandwidth: Q4_1 reads 0.625 bytes per weight (float32: 4), Q8_0 1.0625. The rows of W are
+ * Bandwidth: Q4_1 carries 0.625 bytes per weight (float32: 4), Q8_0 1.0625; the one-row path
+ * reads a striped copy with float32 scales (0.75 and 1.125, see STRIPE_TILE). The rows of W are
  * read once per call whatever M is (the x rows of one call are processed against a block of W
  * rows while those sit in L1), so a k-token forward costs little more memory traffic than a
- * one-token one; what grows with k is the multiply-adds.
+ * one-token one; what grows with k is the multiply-adds, and from about two rows on those
+ * dominate (bench/roofline.py prints this core's floors).
  *
  * Threads: OpenMP over output rows (the same libgomp torch loads; it shares its soname).
  */
