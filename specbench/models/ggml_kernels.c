@@ -139,7 +139,7 @@ TILES(f32, float, DEQ_F32)
  * rows, block b of all 8 rows side by side (records {float d, float m, 16 nibble bytes} for
  * Q4_1, {float d, 32 int8} for Q8_0). A decode step then reads one sequential stream per group
  * instead of 24 (qs, d, m of 8 rows), which the hardware prefetcher keeps up with: measured on
- * this machine's embedded shapes, one forward's linear layers took half the time (bench/
+ * an AMD EPYC (Zen 4), one forward's 211 linear layers at one row: 16.4 -> 9.8 ms (bench/
  * ggml_kernel.py). The values and the operations are those of the 8x1 tile, so the bits are too. */
 #define Q4_REC 24
 #define Q8_REC 36
