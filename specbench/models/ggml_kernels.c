@@ -86,7 +86,7 @@ static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
  * compile-time constants at every call site, so the accumulators live in registers. One
  * accumulator per output: two fused multiply-adds per block (its first half, then its second),
  * the same sequence in every tile shape. */
-#define TILE(NAME, NB, R, QTYPE, DEQ)                                                           \
+#define TILE(NAME, NB, R, QTYPE, QB, DEQ)                                                           \
     static inline __attribute__((always_inline)) void NAME(                                     \
         const float *x, int ldx, int nb, const QTYPE *qs, const float *d, const float *m,      \
         const float *bias, float *y, int ldy) {                                                 \
@@ -95,6 +95,13 @@ static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
             for (int r = 0; r < R; r++) acc[j][r] = vzero();                                    \
         for (int b = 0; b < nb; b++) {                                                          \
             vec wl[NB], wh[NB];                                                                 \
+            /* multi-row tiles: fetch the next tile's rows (it reads the same block next) */    \
+            if (R > 1)                                                                          \
+                for (int j = NB; j < 2 * NB; j++) {                                             \
+                    __builtin_prefetch(qs + ((long)j * nb + b) * QB);                           \
+                    if (d) __builtin_prefetch(d + (long)j * nb + b);                            \
+                    if (m) __builtin_prefetch(m + (long)j * nb + b);                            \
+                }                                                                               \
             for (int j = 0; j < NB; j++) DEQ;                                                   \
             for (int r = 0; r < R; r++) {                                                       \
                 /* each x vector is loaded once and used against every W row of the tile */     \
@@ -112,28 +119,33 @@ static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
 #define DEQ_Q8 dequant_q8_0(qs + ((long)j * nb + b) * 32, d[(long)j * nb + b], &wl[j], &wh[j])
 #define DEQ_F32 (wl[j] = vload(qs + ((long)j * nb + b) * 32), wh[j] = vload(qs + ((long)j * nb + b) * 32 + 16))
 
-#define TILES(P, QTYPE, DEQ)        \
-    TILE(P##_8x1, 8, 1, QTYPE, DEQ) \
-    TILE(P##_4x1, 4, 1, QTYPE, DEQ) \
-    TILE(P##_4x2, 4, 2, QTYPE, DEQ) \
-    TILE(P##_4x3, 4, 3, QTYPE, DEQ) \
-    TILE(P##_4x4, 4, 4, QTYPE, DEQ) \
-    TILE(P##_2x5, 2, 5, QTYPE, DEQ) \
-    TILE(P##_2x6, 2, 6, QTYPE, DEQ) \
-    TILE(P##_2x7, 2, 7, QTYPE, DEQ) \
-    TILE(P##_2x8, 2, 8, QTYPE, DEQ) \
-    TILE(P##_1x5, 1, 5, QTYPE, DEQ) \
-    TILE(P##_1x6, 1, 6, QTYPE, DEQ) \
-    TILE(P##_1x7, 1, 7, QTYPE, DEQ) \
-    TILE(P##_1x8, 1, 8, QTYPE, DEQ) \
-    TILE(P##_1x1, 1, 1, QTYPE, DEQ) \
-    TILE(P##_1x2, 1, 2, QTYPE, DEQ) \
-    TILE(P##_1x3, 1, 3, QTYPE, DEQ) \
-    TILE(P##_1x4, 1, 4, QTYPE, DEQ)
+#define TILES(P, QTYPE, QB, DEQ)        \
+    TILE(P##_8x1, 8, 1, QTYPE, QB, DEQ) \
+    TILE(P##_4x1, 4, 1, QTYPE, QB, DEQ) \
+    TILE(P##_4x2, 4, 2, QTYPE, QB, DEQ) \
+    TILE(P##_4x3, 4, 3, QTYPE, QB, DEQ) \
+    TILE(P##_4x4, 4, 4, QTYPE, QB, DEQ) \
+    TILE(P##_2x5, 2, 5, QTYPE, QB, DEQ) \
+    TILE(P##_2x6, 2, 6, QTYPE, QB, DEQ) \
+    TILE(P##_2x7, 2, 7, QTYPE, QB, DEQ) \
+    TILE(P##_2x8, 2, 8, QTYPE, QB, DEQ) \
+    TILE(P##_1x5, 1, 5, QTYPE, QB, DEQ) \
+    TILE(P##_1x6, 1, 6, QTYPE, QB, DEQ) \
+    TILE(P##_1x7, 1, 7, QTYPE, QB, DEQ) \
+    TILE(P##_1x8, 1, 8, QTYPE, QB, DEQ) \
+    TILE(P##_1x1, 1, 1, QTYPE, QB, DEQ) \
+    TILE(P##_1x2, 1, 2, QTYPE, QB, DEQ) \
+    TILE(P##_1x3, 1, 3, QTYPE, QB, DEQ) \
+    TILE(P##_1x4, 1, 4, QTYPE, QB, DEQ)
 
-TILES(q4, uint8_t, DEQ_Q4)
-TILES(q8, int8_t, DEQ_Q8)
-TILES(f32, float, DEQ_F32)
+/* bytes of quantized data per block row entry */
+#define Q4_BYTES 16
+#define Q8_BYTES 32
+#define F32_VALUES 32
+
+TILES(q4, uint8_t, Q4_BYTES, DEQ_Q4)
+TILES(q8, int8_t, Q8_BYTES, DEQ_Q8)
+TILES(f32, float, F32_VALUES, DEQ_F32)
 
 /* The one-row (decode) path reads a second copy of the weight, "stripes": per group of 8 output
  * rows, block b of all 8 rows side by side (records {float d, float m, 16 nibble bytes} for
@@ -165,10 +177,6 @@ STRIPE_TILE(q8_stripe, Q8_REC, dequant_q8_0((const int8_t *)(rec + 4), ((const f
 #define f32_stripe(x, nb, s, bias, y) ((void)0)
 #define F32_REC 0
 
-/* bytes of quantized data per block row entry */
-#define Q4_BYTES 16
-#define Q8_BYTES 32
-#define F32_VALUES 32
 
 /* One call: output rows in groups of GROUP (the unit of work per thread); inside a group, one
  * row of x: 8 rows of W at once; else 4 rows of W (1 at a time for a tail) against chunks of up
