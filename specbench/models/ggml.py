@@ -82,7 +82,7 @@ def stripes(kind: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None
     """The blocks of each full group of 8 output rows as the kernel's one-row path reads them:
     block b of the group's 8 rows side by side, each a record {d, m, qs} (Q4_1, 24 bytes) or
     {d, qs} (Q8_0, 36 bytes). Decoding then streams one sequential run of memory per group
-    (ggml_kernels.c says why that halves its time); the rows of a last partial group are not
+    (ggml_kernels.c gives the measured saving); the rows of a last partial group are not
     striped (the kernel reads them from qs/d/m)."""
     n, nb = d.shape
     fields = [d[..., None].view(torch.uint8)] + ([m[..., None].view(torch.uint8)] if kind == "q4_1" else [])
