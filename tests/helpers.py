@@ -98,6 +98,7 @@ def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl: 
     return build_method(name, target, cfg, sampling, ctx)
 
 
+@torch.no_grad()  # as the runner does: with grad on, a backend's layers run F.linear (training)
 def ar_tokens(target, prompt, max_new, eos_ids=frozenset(), seed=0, sampling: SamplingConfig = GREEDY) -> list[int]:
     return build("ar", target, method_cfg("ar"), sampling).generate(prompt, max_new, eos_ids, seed).tokens
 

@@ -7,6 +7,7 @@ Trained parts are left untrained (`allow_untrained`); greedy output must equal A
 from __future__ import annotations
 
 import pytest
+import torch
 from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from omegaconf import OmegaConf
 
@@ -62,15 +63,18 @@ def test_every_registered_method_has_its_yaml_and_every_yaml_its_method():
 
 
 @pytest.mark.skipif(ggml.compiler() is None, reason="model.backend=ggml needs a C compiler")
+@pytest.mark.parametrize("backend", ["ggml", "ggml_q8"])
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_greedy_equals_ar_on_the_ggml_backend(method, tmp_path, monkeypatch):
-    """The embedded model's default backend: weights in Q4_1 blocks, a batch-invariant kernel
-    for the target, its drafts and its trained parts (float32 ones through the same kernel).
-    Every method, its default controller, must still return AR's tokens."""
+def test_greedy_equals_ar_on_the_ggml_backends(method, backend, tmp_path, monkeypatch):
+    """The embedded model's backends: weights in Q4_1 blocks, batch-invariant linear layers and
+    attention for the target, its drafts and its trained parts (float32 ones through the fp32
+    kernel); ggml_q8 also rounds activations to int8, which turns any batch dependence left into
+    different tokens. Every method, its default controller, must still return AR's tokens."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
-    target = q4_tiny_model("ggml")
+    target = q4_tiny_model(backend)
     m = build(method, target, method_config(method))
     ref = m.finetuned_adapter if getattr(m, "baseline_weights", None) == "fine-tuned" else target
     for prompt in PROMPTS:
-        got = m.generate(prompt, 24, frozenset(), 0)
-        assert got.tokens == ar_tokens(ref, prompt, 24), f"{method} differs from AR on the ggml backend on {prompt}"
+        with torch.no_grad():  # as the runner: with grad on, the backend's layers run F.linear
+            got = m.generate(prompt, 24, frozenset(), 0)
+        assert got.tokens == ar_tokens(ref, prompt, 24), f"{method} differs from AR on the {backend} backend on {prompt}"

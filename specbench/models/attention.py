@@ -11,20 +11,67 @@ flag instead of copying. Folding the query heads of a group into the query axis 
 at this function, registered through transformers' AttentionInterface (no forked modeling file);
 everything else (no mask, no grouping, extra arguments) is transformers' own sdpa. Same
 attention, exact up to the kernel's summation order.
+
+On the batch-invariant backends (`ggml*`, backends.INVARIANT) short float32 queries (up to
+GGML_MAX_ROWS, batch 1) go to a C kernel instead (attention_kernels.c) that computes each query
+the same way whatever the other queries are, so a k-token verify or a token tree returns the bits
+of one-token decoding through attention too; prefills stay on sdpa.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from specbench.models import ggml
+from specbench.models.backends import GGML_MAX_ROWS, INVARIANT
+
 GROUPED_SDPA = "specbench_sdpa"
+
+
+def _allowed(mask: torch.Tensor | None, q: int, n: int) -> torch.Tensor | None | bool:
+    """The keys each query may see as a [q, n] uint8 tensor, None for all, False if unsupported."""
+    if mask is None:  # one query sees every key; several without a mask are causal (q == n only)
+        return None if q == 1 else torch.ones(q, n, dtype=torch.bool).tril().to(torch.uint8) if q == n else False
+    mask = mask.reshape(-1, q, n)
+    if mask.shape[0] != 1:
+        return False
+    if mask.dtype == torch.bool:
+        return mask[0].to(torch.uint8)
+    blocked = mask[0] <= torch.finfo(mask.dtype).min / 2
+    if not bool(((mask[0] == 0) | blocked).all()):  # a bias (ALiBi, soft masks): not ours
+        return False
+    return (~blocked).to(torch.uint8)
+
+
+def invariant_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """attention_kernels.c for a short float32 CPU query, else None (the caller uses sdpa)."""
+    b, h, q, d = query.shape
+    n = key.shape[2]
+    if (b != 1 or q > GGML_MAX_ROWS or d % 16 or d > 256 or dropout or kwargs.get("position_bias") is not None
+            or query.dtype != torch.float32 or key.dtype != torch.float32 or not query.is_cpu or torch.is_grad_enabled()):
+        return None
+    allowed = _allowed(attention_mask, q, n)
+    if allowed is False:
+        return None
+    qc, kc, vc = query[0].contiguous(), key[0].contiguous(), value[0].contiguous()
+    out = torch.empty(1, q, h, d)
+    scale = d**-0.5 if scaling is None else scaling
+    ggml.library().invariant_attention(
+        qc.data_ptr(), q, h, d, kc.data_ptr(), vc.data_ptr(), n, key.shape[1],
+        None if allowed is None else allowed.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
+    return out
 
 
 def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """query [B, H, q, D], key/value [B, H_kv, n, D] -> ([B, q, H, D], None), as transformers' sdpa."""
+    if getattr(getattr(module, "o_proj", None), "backend", None) in INVARIANT:
+        out = invariant_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        if out is not None:
+            return out, None
     groups = getattr(module, "num_key_value_groups", 1)
     if attention_mask is None or groups == 1 or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)

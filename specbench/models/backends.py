@@ -21,6 +21,11 @@ decoding step. A backend swaps the kernel, not the model:
   one-token steps give (the linear layers are batch-invariant; attention is not). Same model as
   eager up to summation order. Prefills (more than GGML_MAX_ROWS rows) go to F.linear.
 - `ggml_f32`: the same kernel on the float32 weights (batch-invariant, no compression).
+- `ggml_q8`: `ggml`'s Q4_1 / Q8_0 blocks times activations rounded to int8 per row and block of
+  32, integer dot products (AVX-512 VNNI), as llama.cpp computes them (specbench/models/
+  ggml_q8.py). A different model from the float32 one (activation rounding, ~1e-3 relative),
+  but the rounding is per row, so it is batch-invariant like `ggml`; its 8-row linear layers
+  cost ~2x its one-row ones instead of ~3.5x. Other weights (float32) run as on `ggml`.
 - `bf16`: bfloat16 copies of weight and bias, input rounded to bfloat16, output back to the
   model's dtype. Half the bytes; rounding differs from fp32 (a different model, slightly).
 - `qint8`: int8 weights (symmetric, per output channel) with fbgemm's dynamic quantization of
@@ -48,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.errors import SpecBenchError, choice_error
-from specbench.models import ggml
+from specbench.models import ggml, ggml_q8
 
 # oneDNN picks its blocked layout for a batch-size hint; verification batches are 1..16 rows
 MKLDNN_BATCH_HINT = 8
@@ -106,8 +111,22 @@ def _run_ggml(x: torch.Tensor, packed) -> torch.Tensor:
     return ggml.linear(x, bw, b)
 
 
+def _pack_ggml_q8(w: torch.Tensor, b: torch.Tensor | None):
+    bw = ggml.recover(w)
+    q8 = ggml_q8.pack(bw)
+    return q8, bw if q8 is None else None, w, b  # the fp32-activation blocks only where no q8 packing
+
+
+def _run_ggml_q8(x: torch.Tensor, packed) -> torch.Tensor:
+    q8, bw, w, b = packed
+    if q8 is None or x.numel() > GGML_MAX_ROWS * x.shape[-1]:
+        return _run_ggml(x, (bw, w, b))
+    return ggml_q8.linear(x, q8, b)
+
+
 KERNELS = {
     "ggml": (_pack_ggml, _run_ggml),
+    "ggml_q8": (_pack_ggml_q8, _run_ggml_q8),
     "ggml_f32": (_pack_ggml_f32, _run_ggml),
     "mkldnn": (_pack_mkldnn, _run_mkldnn),
     "hybrid": (_pack_mkldnn, _run_mkldnn),
@@ -118,6 +137,8 @@ BACKENDS = ("eager", *KERNELS)
 # backends whose k-token forward can round differently from k one-token forwards by more than
 # fp32 summation order does (greedy output may then differ from AR's)
 BATCH_DEPENDENT = frozenset({"qint8"})
+# backends whose linear layers are batch-invariant; attention follows them (attention.py)
+INVARIANT = frozenset({"ggml", "ggml_f32", "ggml_q8"})
 
 
 class BackendLinear(nn.Linear):
@@ -161,7 +182,7 @@ def check_backend(name) -> str:
         raise choice_error("model.backend", name, BACKENDS)
     if name in ("mkldnn", "hybrid") and not torch.backends.mkldnn.is_available():
         raise SpecBenchError(f"model.backend={name} needs a torch build with oneDNN (torch.backends.mkldnn); use eager or bf16")
-    if name in ("ggml", "ggml_f32") and (why := ggml.available()) is not None:
+    if name in ("ggml", "ggml_f32", "ggml_q8") and (why := ggml.available()) is not None:
         raise SpecBenchError(why)
     if name == "qint8" and "fbgemm" not in torch.backends.quantized.supported_engines:
         raise SpecBenchError("model.backend=qint8 needs torch's fbgemm quantized engine (x86); use eager or mkldnn")

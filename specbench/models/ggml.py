@@ -36,7 +36,9 @@ from specbench.cachedir import cache_dir
 from specbench.errors import SpecBenchError
 
 BLOCK = 32
-SOURCE = Path(__file__).with_name("ggml_kernels.c")
+# the fp32-activation kernels, the int8-activation ones (model.backend=ggml_q8) and the
+# batch-invariant attention these backends use (attention.py): one library
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("ggml_kernels.c", "ggml_q8_kernels.c", "attention_kernels.c"))
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
@@ -189,23 +191,23 @@ def compiler() -> str | None:
 
 
 def build(extra_flags: tuple[str, ...] = ()) -> Path:
-    """Compile ggml_kernels.c for this machine (once per source, compiler, flags) and return the
+    """Compile the kernels (SOURCES) for this machine (once per source, compiler, flags) and return the
     shared library's path. `extra_flags` lets tests build the portable variant (-mno-avx512f)."""
     cc = compiler()
     if cc is None:
         raise SpecBenchError("model.backend=ggml needs a C compiler (cc/gcc, e.g. `apt-get install gcc`); use hybrid")
     flags = [*CFLAGS, *extra_flags]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256((SOURCE.read_text() + version + " ".join(flags) + os.uname().machine).encode()).hexdigest()[:16]
+    key = hashlib.sha256(("".join(p.read_text() for p in SOURCES) + version + " ".join(flags) + os.uname().machine).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"ggml_kernels-{key}.so"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, "-o", str(so), str(SOURCE)], capture_output=True, text=True, check=False)
+        res = subprocess.run([cc, *flags, "-o", str(so), *map(str, SOURCES)], capture_output=True, text=True, check=False)
         if res.returncode != 0:
-            raise SpecBenchError(f"model.backend=ggml: compiling {SOURCE.name} failed: {res.stderr.strip()[-400:]}")
+            raise SpecBenchError(f"model.backend=ggml: compiling the kernels failed: {res.stderr.strip()[-400:]}")
         os.replace(so, out)  # atomic: concurrent runs never load a half-written library
     return out
 
@@ -217,6 +219,12 @@ def load(path: Path) -> ctypes.CDLL:
         fn = getattr(lib, f"ggml_linear_{kind}")
         fn.argtypes = [p, i, i, p, p, p, i, p, p, p, i]
         fn.restype = None
+    for kind in ("q4_1", "q8_0"):
+        fn = getattr(lib, f"ggml_q8_linear_{kind}")
+        fn.argtypes = [p, i, i, p, i, p, p, i]
+        fn.restype = None
+    lib.invariant_attention.argtypes = [p, i, i, i, p, p, i, i, p, ctypes.c_float, p, i]
+    lib.invariant_attention.restype = None
     return lib
 
 

@@ -1,0 +1,113 @@
+"""model.backend=ggml_q8: int8 activations times ggml blocks (ggml_q8.py, ggml_q8_kernels.c),
+and the batch-invariant attention the ggml backends use (attention.py, attention_kernels.c)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import q4_tiny_model
+from test_ggml import gguf_weight
+
+from specbench.models import ggml, ggml_q8
+from specbench.models.attention import invariant_attention
+
+pytestmark = pytest.mark.skipif(ggml.compiler() is None, reason="no C compiler (cc/gcc)")
+
+
+def _check_q8_kernel(kind: str, n: int, lib=None) -> torch.Tensor:
+    torch.manual_seed(n)
+    k = 96
+    bw = ggml.recover(gguf_weight(kind, n, k, seed=n))
+    qw = ggml_q8.pack(bw)
+    x, bias = torch.randn(17, k), torch.randn(n)
+    one = torch.cat([ggml_q8.linear(x[i : i + 1], qw, bias, lib) for i in range(17)])
+    # what the kernel computes (int8 activations), up to float32 rounding; near F.linear
+    torch.testing.assert_close(one, ggml_q8.reference(x, bw, bias), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(one, F.linear(x, ggml.recover(gguf_weight(kind, n, k, seed=n)).dequantize(), bias), atol=0.05)
+    for rows in [1, 2, 3, 5, 8, 9, 16, 17]:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            try:
+                got = ggml_q8.linear(x[:rows], qw, bias, lib)
+            finally:
+                torch.set_num_threads(1)
+            # the invariant: a row's bits do not depend on the other rows of the call
+            assert torch.equal(got, one[:rows]), (kind, n, rows, threads)
+    return one
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("n", [48, 5, 67])  # whole groups of 16 rows; padded ones
+def test_q8_kernel_is_batch_invariant_and_computes_int8_activations(kind, n):
+    _check_q8_kernel(kind, n)
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_q8_portable_build_gives_the_same_bits(kind):
+    """Integer sums are exact and the float epilogue is the same operations: the portable build
+    (CI machines without AVX-512 VNNI) returns the VNNI build's bits."""
+    lib = ggml.load(ggml.build(("-mno-avx512f",)))
+    assert lib.ggml_q8_kernels_vnni() == 0
+    assert torch.equal(_check_q8_kernel(kind, 48, lib), _check_q8_kernel(kind, 48))
+
+
+def test_q8_packing_layout():
+    """Record (group g, block b): 16 scales, 16 minima, then chunk c byte 4*row+t holds k=4c+t
+    (low nibble) and k=16+4c+t (high nibble) of row 16g+row."""
+    bw = ggml.recover(gguf_weight("q4_1", 32, 64, seed=1))
+    rec = ggml_q8.pack(bw).packed.reshape(2, 2, 384)
+    q = torch.cat([bw.qs & 0x0F, bw.qs >> 4], dim=-1)  # [n, nb, 32] nibble values
+    for g, b, row, kk in [(0, 0, 0, 0), (1, 1, 15, 31), (0, 1, 7, 18), (1, 0, 3, 13)]:
+        r = rec[g, b]
+        assert torch.equal(r[:64].view(torch.float32)[row : row + 1], bw.d[16 * g + row, b : b + 1])
+        assert torch.equal(r[64:128].view(torch.float32)[row : row + 1], bw.m[16 * g + row, b : b + 1])
+        c, t = (kk % 16) // 4, kk % 4
+        byte = int(r[128 + 64 * c + 4 * row + t])
+        assert (byte & 0x0F if kk < 16 else byte >> 4) == int(q[16 * g + row, b, kk])
+
+
+class Attn:
+    num_key_value_groups = 3
+
+
+@torch.no_grad()
+def test_invariant_attention_gives_each_query_the_bits_it_gets_alone():
+    """A query's output depends only on its own query and on the keys it sees, in order: the
+    same as a one-query call over exactly those keys (a verified chain, or a tree node whose
+    mask row lists prefix + ancestors), and close to sdpa."""
+    torch.manual_seed(0)
+    q, n, d = 6, 40, 32
+    query = torch.randn(1, 9, q, d)
+    key, value = torch.randn(2, 1, 3, n, d)
+    allowed = torch.rand(q, n) < 0.6
+    allowed[:, 0] = True
+    out = invariant_attention(Attn(), query, key, value, allowed.view(1, 1, q, n), scaling=0.2)
+    ref = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed.view(1, 1, q, n), scale=0.2, enable_gqa=True)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-5)
+    for i in range(q):
+        seen = allowed[i].nonzero().flatten()
+        alone = invariant_attention(Attn(), query[:, :, i : i + 1], key[:, :, seen], value[:, :, seen], None, scaling=0.2)
+        assert torch.equal(alone[0, 0], out[0, i]), i
+    # an additive float mask is the same mask
+    additive = torch.zeros(q, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    assert torch.equal(invariant_attention(Attn(), query, key, value, additive.view(1, 1, q, n), scaling=0.2), out)
+    # what it does not take: a soft bias, a causal query without a mask, float64
+    assert invariant_attention(Attn(), query, key, value, torch.randn(1, 1, q, n), scaling=0.2) is None
+    assert invariant_attention(Attn(), query, key, value, None, scaling=0.2) is None
+    assert invariant_attention(Attn(), query.double(), key.double(), value.double(), None) is None
+
+
+@pytest.mark.parametrize("backend", ["ggml", "ggml_f32", "ggml_q8"])
+def test_whole_forward_is_batch_invariant(backend):
+    """An 8-token forward after a cache returns, row for row, the logits of 8 one-token forwards
+    bit for bit: linear layers and attention alike (with sdpa's attention this fails on ggml_q8)."""
+    target = q4_tiny_model(backend)
+    ids = [(7 * i + 3) % target.vocab_size for i in range(38)]
+    with torch.no_grad():
+        cache = target.new_cache()
+        target.forward(ids[:30], cache, last_only=True)
+        whole = target.forward(ids[30:38], cache)[0]
+        cache.crop(30)
+        rows = torch.cat([target.forward(ids[30 + i : 31 + i], cache)[0] for i in range(8)])
+    assert torch.equal(whole.reshape(rows.shape), rows)
