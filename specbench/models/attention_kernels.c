@@ -32,6 +32,7 @@ static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline float vf_sum(vf a) { return _mm512_reduce_add_ps(a); }
 static inline vf vf_exp(vf x) { /* exp(x) for x <= 0: Cephes' expf polynomial */
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -48,6 +49,42 @@ static inline vf vf_exp(vf x) { /* exp(x) for x <= 0: Cephes' expf polynomial */
     const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits)); /* 2^n, n in [-126, 0] */
 }
+/* s[0..16) = scale * (q . k_{idx[t]}) for 16 keys (cnt < 16: the rest are zero rows): per key
+ * 16-lane fused multiply-adds over D, then the lanes summed by one transpose-and-add tree that
+ * adds lane l to l+8, then l+4, l+2, l+1, for all 16 keys at once: the portable vf_sum's tree */
+static inline __attribute__((always_inline)) __m512 dot16(const __m512 *qr, const float *kv, const int DL) {
+    __m512 acc = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kv));
+    for (int c = 1; c < DL; c++) acc = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kv + c * L), acc);
+    return acc;
+}
+static inline __attribute__((always_inline)) void scores16_dl(const float *qv, const float *kh, const int *idx, int cnt,
+                                                              const int DL, float scale, float *s) {
+    const int D = DL * L;
+    __m512 qr[MAXDL], r[8], u[4], w[2];
+    for (int c = 0; c < DL; c++) qr[c] = _mm512_loadu_ps(qv + c * L);
+    for (int j = 0; j < 8; j++) { /* keys 2j, 2j+1 (zero rows past cnt), then l + l+8 in halves */
+        const __m512 a0 = 2 * j < cnt ? dot16(qr, kh + (long)idx[2 * j] * D, DL) : _mm512_setzero_ps();
+        const __m512 a1 = 2 * j + 1 < cnt ? dot16(qr, kh + (long)idx[2 * j + 1] * D, DL) : _mm512_setzero_ps();
+        r[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+    }
+    for (int j = 0; j < 4; j++) /* l + l+4: keys 4j..4j+3 in quarters */
+        u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * j], r[2 * j + 1], 0x88), _mm512_shuffle_f32x4(r[2 * j], r[2 * j + 1], 0xDD));
+    for (int j = 0; j < 2; j++) /* l + l+2 */
+        w[j] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * j], u[2 * j + 1], 0x44), _mm512_shuffle_ps(u[2 * j], u[2 * j + 1], 0xEE));
+    /* l + l+1: lane 4a+b holds key 4b+a */
+    const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_permutexvar_ps(order, sum), _mm512_set1_ps(scale)));
+}
+static inline void scores16(const float *qv, const float *kh, const int *idx, int cnt, int D, float scale, float *s) {
+    switch (D / L) {
+        case 4: scores16_dl(qv, kh, idx, cnt, 4, scale, s); break;
+        case 8: scores16_dl(qv, kh, idx, cnt, 8, scale, s); break;
+        case 2: scores16_dl(qv, kh, idx, cnt, 2, scale, s); break;
+        case 1: scores16_dl(qv, kh, idx, cnt, 1, scale, s); break;
+        default: scores16_dl(qv, kh, idx, cnt, D / L, scale, s);
+    }
+}
 #else /* portable: lane-wise loops (the compiler vectorizes them); deterministic within a build */
 typedef struct { float v[L]; } vf;
 static inline vf vf_set(float a) { vf r; for (int i = 0; i < L; i++) r.v[i] = a; return r; }
@@ -57,6 +94,7 @@ static inline vf vf_fma(vf a, vf b, vf c) { for (int i = 0; i < L; i++) c.v[i] =
 static inline vf vf_add(vf a, vf b) { for (int i = 0; i < L; i++) a.v[i] += b.v[i]; return a; }
 static inline vf vf_sub(vf a, vf b) { for (int i = 0; i < L; i++) a.v[i] -= b.v[i]; return a; }
 static inline vf vf_mul(vf a, vf b) { for (int i = 0; i < L; i++) a.v[i] *= b.v[i]; return a; }
+static inline vf vf_max(vf a, vf b) { for (int i = 0; i < L; i++) a.v[i] = b.v[i] > a.v[i] ? b.v[i] : a.v[i]; return a; }
 static inline float vf_sum(vf a) { /* a fixed tree: 8, 4, 2, 1 */
     for (int w = L / 2; w >= 1; w /= 2)
         for (int i = 0; i < w; i++) a.v[i] += a.v[i + w];
@@ -83,54 +121,136 @@ static inline vf vf_exp(vf x) {
     }
     return r;
 }
+
+static inline void scores16(const float *qv, const float *kh, const int *idx, int cnt, int D, float scale, float *s) {
+    const int dl = D / L;
+    for (int t = 0; t < 16; t++) {
+        if (t >= cnt) { s[t] = 0.0f; continue; }
+        const float *kv = kh + (long)idx[t] * D;
+        vf acc = vf_mul(vf_load(qv), vf_load(kv));
+        for (int c = 1; c < dl; c++) acc = vf_fma(vf_load(qv + c * L), vf_load(kv + c * L), acc);
+        s[t] = vf_sum(acc) * scale;
+    }
+}
 #endif
 
-/* q [H, Q, D], k/v [Hkv, N, D] (contiguous), allowed [Q, N] bytes or NULL (every key),
- * out [Q, H, D]; head h reads kv head h / (H / Hkv) */
-void invariant_attention(const float *q, int Q, int H, int D, const float *k, const float *v, int N, int Hkv,
-                         const uint8_t *allowed, float scale, float *out, int nthreads) {
-    const int groups = H / Hkv, dl = D / L;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-    {
-        int *idx = malloc(sizeof(int) * (N + L));
-        float *s = malloc(sizeof(float) * (N + L));
-#pragma omp for schedule(static)
-        for (int qh = 0; qh < Q * H; qh++) {
-            const int i = qh / H, h = qh % H;
-            const float *qv = q + ((long)h * Q + i) * D;
-            const float *kh = k + (long)(h / groups) * N * D, *vh = v + (long)(h / groups) * N * D;
-            int n = 0;
-            for (int j = 0; j < N; j++)
-                if (!allowed || allowed[(long)i * N + j]) idx[n++] = j;
-            float mx = -INFINITY;
-            for (int t = 0; t < n; t++) {
-                const float *kv = kh + (long)idx[t] * D;
-                vf acc = vf_mul(vf_load(qv), vf_load(kv));
-                for (int c = 1; c < dl; c++) acc = vf_fma(vf_load(qv + c * L), vf_load(kv + c * L), acc);
-                s[t] = vf_sum(acc) * scale;
-                mx = s[t] > mx ? s[t] : mx;
-            }
-            for (int t = n; t < n + L; t++) s[t] = -INFINITY;
-            vf lsum = vf_set(0.0f);
-            const vf vmx = vf_set(mx);
-            for (int t = 0; t < n; t += L) {
-                vf p = vf_exp(vf_sub(vf_load(s + t), vmx));
-                vf_store(s + t, p);
-                for (int l = n - t; l < L; l++) s[t + l] = 0.0f; /* the last chunk's unused lanes */
-                lsum = vf_add(lsum, vf_load(s + t));
-            }
-            const float inv = 1.0f / vf_sum(lsum);
-            float *o = out + ((long)i * H + h) * D;
-            vf acc[MAXDL];
-            for (int c = 0; c < dl; c++) acc[c] = vf_set(0.0f);
-            for (int t = 0; t < n; t++) {
-                const vf p = vf_set(s[t]);
-                const float *vv = vh + (long)idx[t] * D;
-                for (int c = 0; c < dl; c++) acc[c] = vf_fma(p, vf_load(vv + c * L), acc[c]);
-            }
-            for (int c = 0; c < dl; c++) vf_store(o + c * L, vf_mul(acc[c], vf_set(inv)));
-        }
-        free(idx);
-        free(s);
+#define KB 32 /* keys per block: a block's K (then V) rows stay in L1 while every query and head of
+                    * the kv head uses them, so the cache is read from L2/L3 once per call, not per head */
+
+/* acc (two accumulators: even and odd compact positions) += p_t v_{idx[t]} for t in [t0, t1) */
+static inline __attribute__((always_inline)) void pv_run(const float *vh, const int *idx, const float *p, int t0, int t1,
+                                                         const int DL, float *acc) {
+    const int D = DL * L;
+    vf a0[MAXDL], a1[MAXDL];
+    for (int c = 0; c < DL; c++) a0[c] = vf_load(acc + c * L), a1[c] = vf_load(acc + D + c * L);
+    int t = t0;
+    if (t < t1 && (t & 1)) {
+        const vf p1 = vf_set(p[t]);
+        const float *v1 = vh + (long)idx[t] * D;
+        for (int c = 0; c < DL; c++) a1[c] = vf_fma(p1, vf_load(v1 + c * L), a1[c]);
+        t++;
     }
+    for (; t + 1 < t1; t += 2) {
+        const vf p0 = vf_set(p[t]), p1 = vf_set(p[t + 1]);
+        const float *v0 = vh + (long)idx[t] * D, *v1 = vh + (long)idx[t + 1] * D;
+        for (int c = 0; c < DL; c++) {
+            a0[c] = vf_fma(p0, vf_load(v0 + c * L), a0[c]);
+            a1[c] = vf_fma(p1, vf_load(v1 + c * L), a1[c]);
+        }
+    }
+    if (t < t1) {
+        const vf p0 = vf_set(p[t]);
+        const float *v0 = vh + (long)idx[t] * D;
+        for (int c = 0; c < DL; c++) a0[c] = vf_fma(p0, vf_load(v0 + c * L), a0[c]);
+    }
+    for (int c = 0; c < DL; c++) vf_store(acc + c * L, a0[c]), vf_store(acc + D + c * L, a1[c]);
+}
+
+static inline void pv(const float *vh, const int *idx, const float *p, int t0, int t1, int DL, float *acc) {
+    switch (DL) {
+        case 4: pv_run(vh, idx, p, t0, t1, 4, acc); break;
+        case 8: pv_run(vh, idx, p, t0, t1, 8, acc); break;
+        case 2: pv_run(vh, idx, p, t0, t1, 2, acc); break;
+        case 1: pv_run(vh, idx, p, t0, t1, 1, acc); break;
+        default: pv_run(vh, idx, p, t0, t1, DL, acc);
+    }
+}
+
+/* softmax of one (query, head)'s scores over its compact key list, in place: s[t] <- p_t;
+ * returns 1 / sum p */
+static float softmax(float *s, int n) {
+    for (int t = n; t < n + L; t++) s[t] = -INFINITY;
+    vf vm = vf_set(-INFINITY);
+    for (int t = 0; t < n; t += L) vm = vf_max(vm, vf_load(s + t)); /* exact in any order */
+    float mx = -INFINITY;
+    for (int l = 0; l < L; l++) mx = ((float *)&vm)[l] > mx ? ((float *)&vm)[l] : mx;
+    vf lsum = vf_set(0.0f);
+    const vf vmx = vf_set(mx);
+    for (int t = 0; t < n; t += L) {
+        vf_store(s + t, vf_exp(vf_sub(vf_load(s + t), vmx)));
+        for (int l = n - t; l < L; l++) s[t + l] = 0.0f; /* the last chunk's unused lanes */
+        lsum = vf_add(lsum, vf_load(s + t));
+    }
+    return 1.0f / vf_sum(lsum);
+}
+
+/* q: query i of head h at q + h*qsh + i*qsi (D contiguous floats), k/v [Hkv, N, D] (contiguous),
+ * allowed [Q, N] bytes or NULL (every key), out [Q, H, D]; head h reads kv head h / (H / Hkv).
+ * Per kv head: scores of every key for every (query, head) block by block, then each pair's
+ * softmax over the keys it sees (compact order), then its sum over V block by block; each pair's
+ * operations are the same whatever the other pairs are. */
+void invariant_attention(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, const float *v, int N,
+                         int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
+    const int groups = H / Hkv, dl = D / L, P = Q * groups;
+    const long stride = N + 2 * L; /* per pair: scores (padded for the 16-key chunks) */
+    int *idx = malloc(sizeof(int) * ((long)Q * stride + stride));
+    int *cnt = malloc(sizeof(int) * Q), *iota = idx + (long)Q * stride;
+    for (int j = 0; j < N + L; j++) iota[j] = j;
+    for (int i = 0; i < Q; i++) {
+        cnt[i] = 0;
+        for (int j = 0; j < N; j++)
+            if (!allowed || allowed[(long)i * N + j]) idx[(long)i * stride + cnt[i]++] = j;
+    }
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int g = 0; g < Hkv; g++) {
+        const float *kh = k + (long)g * N * D, *vh = v + (long)g * N * D;
+        float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * 2 * D, sizeof(float));
+        float *inv = malloc(sizeof(float) * P);
+        int *cur = calloc(P, sizeof(int));
+        /* pair p: query p / groups, head g * groups + p % groups */
+        for (int jb = 0; jb < N; jb += KB)
+            for (int p = 0; p < P; p++) {
+                const float *qv = q + (long)(g * groups + p % groups) * qsh + (long)(p / groups) * qsi;
+                for (int j = jb; j < jb + KB && j < N; j += L)
+                    scores16(qv, kh, iota + j, N - j < L ? N - j : L, D, scale, S + (long)p * stride + j);
+            }
+        for (int p = 0; p < P; p++) {
+            float *sp = S + (long)p * stride;
+            const int *ip = idx + (long)(p / groups) * stride, n = cnt[p / groups];
+            if (n && ip[n - 1] != n - 1) /* compact, in place (ip[t] >= t); a prefix is compact already */
+                for (int t = 0; t < n; t++) sp[t] = sp[ip[t]];
+            inv[p] = softmax(sp, n);
+        }
+        for (int jb = 0; jb < N; jb += KB)
+            for (int p = 0; p < P; p++) {
+                const int *ip = idx + (long)(p / groups) * stride, n = cnt[p / groups];
+                int t1 = cur[p];
+                if (n && ip[n - 1] == n - 1) t1 = n < jb + KB ? n : jb + KB; /* a prefix: t = key */
+                else while (t1 < n && ip[t1] < jb + KB) t1++;
+                pv(vh, ip, S + (long)p * stride, cur[p], t1, dl, A + (long)p * 2 * D);
+                cur[p] = t1;
+            }
+        for (int p = 0; p < P; p++) {
+            const float *a = A + (long)p * 2 * D;
+            float *o = out + ((long)(p / groups) * H + g * groups + p % groups) * D;
+            const vf iv = vf_set(inv[p]);
+            for (int c = 0; c < dl; c++) vf_store(o + c * L, vf_mul(vf_add(vf_load(a + c * L), vf_load(a + D + c * L)), iv));
+        }
+        free(S);
+        free(A);
+        free(inv);
+        free(cur);
+    }
+    free(idx);
+    free(cnt);
 }
