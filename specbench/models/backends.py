@@ -18,8 +18,9 @@ decoding step. A backend swaps the kernel, not the model:
   for bit (Q4_1, Q8_0: the embedded GGUF's own blocks, 0.625 / 1.06 bytes per weight instead of
   4), else float32, multiplied by a C kernel (specbench/models/ggml.py) that computes every output
   row the same way whatever the number of rows: a k-token verify gives each row the bits k
-  one-token steps give (the linear layers are batch-invariant; attention is not). Same model as
-  eager up to summation order. Prefills (more than GGML_MAX_ROWS rows) go to F.linear.
+  one-token steps give. Attention follows (attention.py's batch-invariant kernel on the `ggml*`
+  backends), so the whole forward is batch-invariant. Same model as eager up to summation order.
+  Prefills (more than GGML_MAX_ROWS rows) go to F.linear.
 - `ggml_f32`: the same kernel on the float32 weights (batch-invariant, no compression).
 - `ggml_q8`: `ggml`'s Q4_1 / Q8_0 blocks times activations rounded to int8 per row and block of
   32, integer dot products (AVX-512 VNNI), as llama.cpp computes them (specbench/models/

@@ -17,6 +17,7 @@ float32 path (`ggml`'s kernel, or F.linear).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,11 @@ class Q8Weight:
     n: int
     k: int
     packed: torch.Tensor  # uint8, groups of LANES rows x blocks, see ggml_q8_kernels.c
+
+    @functools.cached_property
+    def call(self):
+        """The kernel and the packing's pointer (looked up once: this runs ~200 times a forward)."""
+        return getattr(ggml.library(), f"ggml_q8_linear_{self.kind}"), self.packed.data_ptr()
 
 
 def _quads(q: torch.Tensor) -> torch.Tensor:
@@ -71,9 +77,11 @@ def linear(x: torch.Tensor, w: Q8Weight, bias: torch.Tensor | None, lib=None) ->
     y = torch.empty(rows, n_pad, dtype=torch.float32)
     if bias is not None and n_pad != w.n:
         bias = torch.nn.functional.pad(bias, (0, n_pad - w.n))
-    fn = getattr(lib or ggml.library(), f"ggml_q8_linear_{w.kind}")
+    fn, packed = w.call
+    if lib is not None:
+        fn = getattr(lib, f"ggml_q8_linear_{w.kind}")
     b = None if bias is None else bias.contiguous().data_ptr()
-    fn(x2.data_ptr(), rows, w.k, w.packed.data_ptr(), n_pad, b, y.data_ptr(), torch.get_num_threads())
+    fn(x2.data_ptr(), rows, w.k, packed, n_pad, b, y.data_ptr(), torch.get_num_threads())
     if n_pad != w.n:
         y = y[:, : w.n]
     return y.reshape(*x.shape[:-1], w.n)
