@@ -51,8 +51,7 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
-    import specbench.models.attention as attention
-    from specbench.models import apply_backend, load_model
+    from specbench.models import apply_backend, attention, load_model
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -105,8 +104,8 @@ def main() -> None:
         "# One forward's time by part",
         "",
         f"- command: python {' '.join(sys.argv)}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M')}; {args.threads} torch thread(s); torch {torch.__version__}; "
-        f"medians over {args.rounds} interleaved rounds; 200 cached tokens",
+        (f"- date: {time.strftime('%Y-%m-%d %H:%M')}; {args.threads} torch thread(s); torch {torch.__version__}; "
+         f"medians over {args.rounds} interleaved rounds; 200 cached tokens"),
         "",
         markdown(["backend", "k", Column("forward ms", spec=".1f"), Column("T(k)/T(1)", spec=".2f"),
                   Column("linear ms", spec=".1f"), Column("attention ms", spec=".1f"), Column("rest ms", spec=".1f")], cells),

@@ -4,8 +4,8 @@
 
 Prints, in one process:
 - the 211 linear layers of one forward over M rows, F.linear (MKL, float32) vs the ggml kernel
-  (Q4_1/Q8_0 blocks), medians of `--reps`: where the kernel wins and where prefills should go
-  to MKL (backends.GGML_MAX_ROWS);
+  (Q4_1/Q8_0 blocks) vs the int8-activation kernel (model.backend=ggml_q8), medians of `--reps`:
+  where the kernels win and where prefills should go to MKL (backends.GGML_MAX_ROWS);
 - the kernel's cost per call on a tiny layer (ctypes + allocation);
 - MKL's large-GEMM rate vs the kernel's multiply-add rate at 8 rows;
 - batch invariance of a whole forward per backend: max |logits of one 8-token forward - logits
@@ -65,7 +65,7 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
-    from specbench.models import ggml, load_model
+    from specbench.models import ggml, ggml_q8, load_model
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -75,14 +75,17 @@ def main() -> None:
     layers = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
     blocks = [ggml.recover(m.weight) for m in layers]
     kinds = statistics.multimode(b.kind for b in blocks)
+    q8 = [ggml_q8.pack(b) for b in blocks]
 
     cells = []
     for m_rows in ROWS:
         xs = [torch.randn(m_rows, lin.in_features) for lin in layers]
         mkl = median_ms(lambda xs=xs: [F.linear(x, lin.weight) for x, lin in zip(xs, layers)], args.reps)
         ker = median_ms(lambda xs=xs: [ggml.linear(x, b, None) for x, b in zip(xs, blocks)], args.reps)
-        cells.append([m_rows, mkl, ker, mkl / ker])
-        print(f"M={m_rows}: F.linear {mkl:.1f} ms, ggml {ker:.1f} ms", flush=True)
+        k8 = median_ms(lambda xs=xs: [ggml_q8.linear(x, q, None) if q else ggml.linear(x, b, None)
+                                      for x, q, b in zip(xs, q8, blocks)], args.reps)
+        cells.append([m_rows, mkl, ker, mkl / ker, k8])
+        print(f"M={m_rows}: F.linear {mkl:.1f} ms, ggml {ker:.1f} ms, ggml_q8 {k8:.1f} ms", flush=True)
     # the one-row path with and without its striped copy of the weights, interleaved
     flat = [dataclasses.replace(b, stripes=None) for b in blocks]
     xs = [torch.randn(1, lin.in_features) for lin in layers]
@@ -101,7 +104,7 @@ def main() -> None:
     ker8 = next(c[2] for c in cells if c[0] == 8)
     kernel_gflops = 2 * 8 * macs / ker8 / 1e6
 
-    gaps = {be: invariance_gap(target, be) for be in ("eager", "hybrid", "ggml")}
+    gaps = {be: invariance_gap(target, be) for be in ("eager", "hybrid", "ggml", "ggml_q8")}
 
     text = "\n".join([
         "# The ggml kernel on the embedded model's layers",
@@ -113,7 +116,7 @@ def main() -> None:
          f"(most: {kinds}); medians of {args.reps} repetitions"),
         "",
         markdown(["rows M", Column("F.linear ms", spec=".1f"), Column("ggml ms", spec=".1f"),
-                  Column("F.linear / ggml", spec=".2f")], cells),
+                  Column("F.linear / ggml", spec=".2f"), Column("ggml_q8 ms", spec=".1f")], cells),
         "",
         (f"- kernel cost per call (1 row, a 4 x 32 layer): {per_call_us:.1f} us; x {len(layers)} layers = "
          f"{per_call_us * len(layers) / 1e3:.2f} ms per forward"),
