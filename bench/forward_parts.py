@@ -49,15 +49,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the table here (markdown)")
     args = ap.parse_args()
 
-    from omegaconf import OmegaConf
+    from embedded import embedded_model
 
-    from specbench.models import apply_backend, attention, load_model
+    from specbench.models import apply_backend, attention
 
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    cfg = OmegaConf.load(REPO / "conf" / "model" / "smollm2-135m.yaml")
-    cfg.backend = "eager"
-    target = load_model(cfg)
+    target = embedded_model(args.threads)
 
     lin, att = Clock(), Clock()
     for m in target.model.modules():

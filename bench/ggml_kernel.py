@@ -63,15 +63,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "results" / "bench" / "ggml_kernel.md"))
     args = ap.parse_args()
 
-    from omegaconf import OmegaConf
+    from embedded import embedded_model
 
-    from specbench.models import ggml, ggml_q8, load_model
+    from specbench.models import ggml, ggml_q8
 
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    cfg = OmegaConf.load(REPO / "conf" / "model" / "smollm2-135m.yaml")
-    cfg.backend = "eager"
-    target = load_model(cfg)
+    target = embedded_model(args.threads)
     layers = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
     blocks = [ggml.recover(m.weight) for m in layers]
     kinds = statistics.multimode(b.kind for b in blocks)

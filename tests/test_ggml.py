@@ -98,15 +98,19 @@ def _check_kernel(kind: str, lib=None, n: int = 67) -> None:
     one = torch.cat([ggml.linear(x[i : i + 1], bw, bias, lib) for i in range(17)])
     ref = nn.functional.linear(x, w, bias)
     assert torch.allclose(one, ref, rtol=1e-5, atol=1e-5)
-    for rows in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17]:
+    assert_batch_invariant(lambda xs: ggml.linear(xs, bw, bias, lib), x, one, kind)
+
+
+def assert_batch_invariant(linear, x, one, label, rows=(1, 2, 3, 4, 5, 7, 8, 9, 16, 17)) -> None:
+    """The invariant: a row's bits do not depend on the other rows of the call (nor on threads)."""
+    for r in rows:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             try:
-                got = ggml.linear(x[:rows], bw, bias, lib)
+                got = linear(x[:r])
             finally:
                 torch.set_num_threads(1)
-            # the invariant: a row's bits do not depend on the other rows of the call
-            assert torch.equal(got, one[:rows]), (kind, rows, threads)
+            assert torch.equal(got, one[:r]), (label, r, threads)
 
 
 @pytest.mark.parametrize("kind", ggml.FORMATS)
