@@ -12,10 +12,11 @@ at this function, registered through transformers' AttentionInterface (no forked
 everything else (no mask, no grouping, extra arguments) is transformers' own sdpa. Same
 attention, exact up to the kernel's summation order.
 
-On the batch-invariant backends (`ggml*`, backends.INVARIANT) short float32 queries (up to
-GGML_MAX_ROWS, batch 1) go to a C kernel instead (attention_kernels.c) that computes each query
-the same way whatever the other queries are, so a k-token verify or a token tree returns the bits
-of one-token decoding through attention too; prefills stay on sdpa.
+On the batch-invariant backends (`ggml*`, backends.INVARIANT) float32 queries of batch 1 go to a
+C kernel instead (attention_kernels.c) that computes each query the same way whatever the other
+queries are, so a k-token verify or a token tree returns the bits of one-token decoding through
+attention too, and a prompt gets the same bits with an explicit causal mask (the adapter) or
+without one (transformers' generate, hf_assisted).
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ def _allowed_cached(mask: torch.Tensor | None, q: int, n: int):
 
 
 def invariant_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """attention_kernels.c for a short float32 CPU query, else None (the caller uses sdpa)."""
+    """attention_kernels.c for a float32 CPU query of batch 1, else None (the caller uses sdpa)."""
     b, h, q, d = query.shape
     n = key.shape[2]
-    if (b != 1 or q > GGML_MAX_ROWS or d % 16 or d > 256 or dropout or kwargs.get("position_bias") is not None
+    if (b != 1 or d % 16 or d > 256 or dropout or kwargs.get("position_bias") is not None
             or query.dtype != torch.float32 or key.dtype != torch.float32 or not query.is_cpu or torch.is_grad_enabled()):
         return None
     allowed = _allowed_cached(attention_mask, q, n)
@@ -80,9 +81,14 @@ def invariant_attention(module, query, key, value, attention_mask, dropout: floa
     kc, vc = key[0].contiguous(), value[0].contiguous()  # the cache's own tensors: no copy
     out = torch.empty(1, q, h, d)
     scale = d**-0.5 if scaling is None else scaling
-    ggml.library().invariant_attention(
-        qc.data_ptr(), qc.stride(0), qc.stride(1), q, h, d, kc.data_ptr(), vc.data_ptr(), n, key.shape[1],
-        None if allowed is None else allowed.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
+    fn = ggml.library().invariant_attention
+    # prefills too (a prompt seen with an explicit mask by the adapter and without one by
+    # transformers' generate must get the same bits), in chunks of queries: each query's result
+    # does not depend on the others, and the kernel's scratch stays ~queries x keys
+    for i in range(0, q, GGML_MAX_ROWS):
+        m = min(GGML_MAX_ROWS, q - i)
+        fn(qc[:, i:].data_ptr(), qc.stride(0), qc.stride(1), m, h, d, kc.data_ptr(), vc.data_ptr(), n, key.shape[1],
+           None if allowed is None else allowed[i:].data_ptr(), scale, out[0, i:].data_ptr(), torch.get_num_threads())
     return out
 
 
