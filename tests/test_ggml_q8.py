@@ -122,3 +122,22 @@ def test_a_prompt_gets_the_same_bits_with_or_without_its_causal_mask():
     # the last query alone, over all the keys: the bits it got inside the prefill
     alone = invariant_attention(Attn(), query[:, :, -1:], key, value, None, scaling=0.25)
     assert torch.equal(alone[0, 0], masked[0, -1])
+
+
+def test_ggml_q8_layers_are_batch_invariant_past_the_prefill_size():
+    """No F.linear switch for long inputs on ggml_q8: transformers' generate computes the LM head
+    on every prompt row, the adapter on the last one only; both must get the same bits."""
+    from torch import nn
+
+    from specbench.models import apply_backend
+    from specbench.models.backends import GGML_MAX_ROWS
+
+    lin = nn.Linear(64, 48, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(gguf_weight("q8_0", 48, 64, seed=4))
+    apply_backend(lin, "ggml_q8")
+    x = torch.randn(GGML_MAX_ROWS + 6, 64)
+    with torch.no_grad():
+        whole = lin(x)
+        assert torch.equal(whole[-1:], lin(x[-1:]))
+        assert torch.equal(whole[:3], lin(x[:3]))

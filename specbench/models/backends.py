@@ -26,7 +26,8 @@ decoding step. A backend swaps the kernel, not the model:
   32, integer dot products (AVX-512 VNNI), as llama.cpp computes them (specbench/models/
   ggml_q8.py). A different model from the float32 one (activation rounding, ~1e-3 relative),
   but the rounding is per row, so it is batch-invariant like `ggml`; its 8-row linear layers
-  cost ~2x its one-row ones instead of ~3.5x. Other weights (float32) run as on `ggml`.
+  cost ~2x its one-row ones instead of ~3.5x. Prefills run the same kernel (no F.linear switch:
+  the same numerics at every row count). Other weights (float32) run as on `ggml`.
 - `bf16`: bfloat16 copies of weight and bias, input rounded to bfloat16, output back to the
   model's dtype. Half the bytes; rounding differs from fp32 (a different model, slightly).
 - `qint8`: int8 weights (symmetric, per output channel) with fbgemm's dynamic quantization of
@@ -120,8 +121,11 @@ def _pack_ggml_q8(w: torch.Tensor, b: torch.Tensor | None):
 
 def _run_ggml_q8(x: torch.Tensor, packed) -> torch.Tensor:
     q8, bw, w, b = packed
-    if q8 is None or x.numel() > GGML_MAX_ROWS * x.shape[-1]:
+    if q8 is None:
         return _run_ggml(x, (bw, w, b))
+    # every row count, prefills too: int8 activations are the model here, and a prompt's LM-head
+    # rows (transformers' generate computes them all; the adapter only the last) must get the
+    # bits one row gets (the int8 kernel also beats MKL's float32 GEMM at prefill sizes)
     return ggml_q8.linear(x, q8, b)
 
 
