@@ -9,7 +9,9 @@ Prints, in one process:
 - the kernel's cost per call on a tiny layer (ctypes + allocation);
 - MKL's large-GEMM rate vs the kernel's multiply-add rate at 8 rows;
 - batch invariance of a whole forward per backend: max |logits of one 8-token forward - logits
-  of 8 one-token forwards| after a 50-token cache (0 means bit-identical).
+  of 8 one-token forwards| after a 50-token cache (0 means bit-identical);
+- the batch-invariant attention kernel vs PyTorch's SDPA at the model's shapes (9 query heads,
+  3 KV heads, 64 dims, 200 keys), and a 200-token prefill per ggml backend.
 Written to results/bench/ggml_kernel.md with the command.
 """
 
@@ -54,6 +56,29 @@ def invariance_gap(target, backend: str) -> float:
     cache.crop(50)
     rows = torch.cat([target.forward(ids[50 + i : 51 + i], cache)[0] for i in range(8)])
     return (whole.reshape(rows.shape) - rows).abs().max().item()
+
+
+def attention_us(q: int, n: int, reps: int) -> tuple[float, float]:
+    """Microseconds per call: attention.invariant_attention vs F.scaled_dot_product_attention."""
+    from specbench.models.attention import invariant_attention
+
+    class Attn:
+        num_key_value_groups = 3
+
+    query, key, value = torch.randn(1, 9, q, 64), torch.randn(1, 3, n, 64), torch.randn(1, 3, n, 64)
+    mask = torch.ones(1, 1, q, n, dtype=torch.bool).tril(n - q)  # a verify chain's causal rows
+    ours = median_ms(lambda: [invariant_attention(Attn(), query, key, value, mask, scaling=0.125) for _ in range(100)], reps)
+    sdpa = median_ms(lambda: [F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.125, enable_gqa=True)
+                              for _ in range(100)], reps)
+    return 10 * ours, 10 * sdpa
+
+
+def prefill_ms(target, backend: str, reps: int, tokens: int = 200) -> float:
+    from specbench.models import apply_backend
+
+    apply_backend(target.model, backend)
+    ids = [(7 * i + 3) % target.vocab_size for i in range(tokens)]
+    return median_ms(lambda: target.forward(ids, target.new_cache(), last_only=True), reps)
 
 
 def main() -> None:
@@ -101,6 +126,8 @@ def main() -> None:
     kernel_gflops = 2 * 8 * macs / ker8 / 1e6
 
     gaps = {be: invariance_gap(target, be) for be in ("eager", "hybrid", "ggml", "ggml_q8")}
+    attn = {q: attention_us(q, 200, args.reps) for q in (1, 8)}
+    prefill = {be: prefill_ms(target, be, args.reps) for be in ("ggml", "ggml_q8")}
 
     text = "\n".join([
         "# The ggml kernel on the embedded model's layers",
@@ -122,6 +149,10 @@ def main() -> None:
          f"{kernel_gflops:.0f} GFLOP/s ({kernel_gflops / mkl_gflops:.0%} of MKL's)"),
         "- whole forward, max |8-token logits - 8 one-token logits| (0 = batch-invariant): "
         + ", ".join(f"{be} {g:.2e}" for be, g in gaps.items()),
+        "- attention, 9 heads over 3 KV heads x 64 dims, 200 keys, us per call (invariant kernel vs SDPA): "
+        + ", ".join(f"{q} quer{'y' if q == 1 else 'ies'} {o:.1f} vs {sd:.1f}" for q, (o, sd) in attn.items()),
+        "- prefill of 200 tokens, one forward: " + ", ".join(f"{be} {ms:.0f} ms" for be, ms in prefill.items())
+        + " (ggml: F.linear above 64 rows; ggml_q8: the int8 kernel at every size)",
         "",
     ])
     print("\n" + text)
