@@ -21,6 +21,7 @@ without one (transformers' generate, hf_assisted).
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -35,10 +36,16 @@ from specbench.models.backends import GGML_MAX_ROWS, INVARIANT
 GROUPED_SDPA = "specbench_sdpa"
 
 
+@functools.lru_cache(maxsize=4)
+def _causal(q: int) -> torch.Tensor:
+    """A prompt's causal rows (built once per length, not once per layer)."""
+    return torch.ones(q, q, dtype=torch.uint8).tril()
+
+
 def _allowed(mask: torch.Tensor | None, q: int, n: int) -> torch.Tensor | None | bool:
     """The keys each query may see as a [q, n] uint8 tensor, None for all, False if unsupported."""
     if mask is None:  # one query sees every key; several without a mask are causal (q == n only)
-        return None if q == 1 else torch.ones(q, n, dtype=torch.bool).tril().to(torch.uint8) if q == n else False
+        return None if q == 1 else _causal(q) if q == n else False
     mask = mask.reshape(-1, q, n)
     if mask.shape[0] != 1:
         return False

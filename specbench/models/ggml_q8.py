@@ -53,18 +53,18 @@ def pack(bw: ggml.BlockWeight) -> Q8Weight | None:
     if bw is None or bw.kind not in ("q4_1", "q8_0"):
         return None
     pad = -bw.n % LANES
-    d = torch.nn.functional.pad(bw.d, (0, 0, 0, pad))
     groups, nb = (bw.n + pad) // LANES, bw.k // ggml.BLOCK
-    # per group and block: the 16 rows' scales side by side
-    scales = [d.reshape(groups, LANES, nb).transpose(1, 2).contiguous().view(torch.uint8)]
+
+    def side_by_side(t: torch.Tensor) -> torch.Tensor:  # [n, nb] floats -> per group and block, 16 rows' values
+        t = torch.nn.functional.pad(t, (0, 0, 0, pad))
+        return t.reshape(groups, LANES, nb).transpose(1, 2).contiguous().view(torch.uint8)
+
+    scales = [side_by_side(bw.d)] + ([side_by_side(bw.m)] if bw.kind == "q4_1" else [])
+    qs = torch.nn.functional.pad(bw.qs, (0, 0, 0, 0, 0, pad))
     if bw.kind == "q4_1":
-        m = torch.nn.functional.pad(bw.m, (0, 0, 0, pad))
-        scales.append(m.reshape(groups, LANES, nb).transpose(1, 2).contiguous().view(torch.uint8))
-        lo = torch.nn.functional.pad(bw.qs, (0, 0, 0, 0, 0, pad))  # byte j: low nibble k=j, high k=16+j
-        body = _quads(lo)  # chunk c (0..3) carries k = 4c.. low and 16+4c.. high: one byte each
+        body = _quads(qs)  # byte j: low nibble k=j, high k=16+j; chunk c (0..3): k = 4c.. and 16+4c..
     else:
-        q = torch.nn.functional.pad(bw.qs, (0, 0, 0, 0, 0, pad))
-        body = _quads((q.to(torch.int16) + 128).to(torch.uint8))  # unsigned for vpdpbusd
+        body = _quads((qs.to(torch.int16) + 128).to(torch.uint8))  # unsigned for vpdpbusd
     body = body.reshape(groups, nb, -1)
     packed = torch.cat([*scales, body], dim=-1).contiguous().reshape(-1)
     return Q8Weight(bw.kind, bw.n, bw.k, packed)
