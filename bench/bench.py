@@ -4,6 +4,7 @@
     python bench/bench.py --suite selfdraft   # Self-SD and EESD with fixed K, Beta-TS, Cali-TS
     python bench/bench.py --suite heads       # Medusa (greedy, typical) and SPACE
     python bench/bench.py --suite fidelity    # SPACE mask rules, Beta-TS counts, Cali-TS (issue 8)
+    python bench/bench.py --suite draftvocab  # EESD and Self-SD drafting over the V' most frequent tokens
     python bench/bench.py --suite firstuse    # EESD, Medusa-1, Medusa-2, EAGLE-2, each trained on first use
                                               # with the same train.first_use budget (empty cache: trains)
 
@@ -61,6 +62,14 @@ SUITES = {
             ("medusa-typical-t0.7", ["method=medusa", "method.acceptance=typical", "sampling.temperature=0.7"]),
             ("space-k5", ["method=space"]),
         ],
+    },
+    # the CPU issue's stretch: self-drafting with a draft head over the V' most frequent tokens of the
+    # self-distillation data (method.draft_vocab; verification keeps the full head)
+    "draftvocab": {
+        "tasks": ["gsm8k"],
+        "runs": [(f"{m}-fixed4-{v or 'full'}", [f"method={m}", *extra, "control=fixed", "control.k=4", f"method.draft_vocab.size={v or 'null'}"])
+                 for m, extra in (("eesd", []), ("self_sd", ["method.skip.source=search"]))
+                 for v in (None, 16384, 4096, 1024)],
     },
     # every trained method at its paper default, each part trained on first use with one budget
     "firstuse": {
@@ -127,6 +136,7 @@ def main() -> None:
             rows.append({
                 "task": task, "run": name, "samples": s["samples"], "ar_tok_s": ar["tokens_per_s"],
                 "tok_s": m["tokens_per_s"], "speedup": s["speedup"], "predicted": s.get("predicted_speedup"),
+                "ci": "-" if not s.get("speedup_ci") else "{:.2f}-{:.2f}".format(*s["speedup_ci"]), "alpha": s.get("alpha"),
                 "v_d": acc.get("v_d"), "r_d": acc.get("r_d"), "hm": acc.get("hm"), "tau": acc.get("tau"),
                 "same_as_ar": f"{s['matches_ar']}/{s['samples']}",
                 "draft%": 100 * m["time_share"].get("draft", 0), "verify%": 100 * m["time_share"].get("verify", 0),
@@ -152,7 +162,8 @@ def main() -> None:
 
 
 COLUMNS = [Column("task"), Column("run", align="<"), Column("n", "samples"), Column("AR tok/s", "ar_tok_s", ".2f"),
-           Column("tok/s", "tok_s", ".2f"), Column("speedup", spec=".3f"), Column("predicted", spec=".3f"),
+           Column("tok/s", "tok_s", ".2f"), Column("speedup", spec=".3f"), Column("95% CI", "ci"), Column("predicted", spec=".3f"),
+           Column("draft/T(1)", "alpha", ".3f"),
            Column("v_d", spec=".3f"), Column("r_d", spec=".3f"), Column("HM", "hm", ".2f"), Column("tau", spec=".2f"),
            Column("=AR", "same_as_ar"), Column("draft%", spec=".1f"), Column("verify%", spec=".1f"),
            Column("control%", spec=".1f"), Column("other%", spec=".2f"), Column("prefill%", spec=".1f")]

@@ -221,6 +221,7 @@ def _task(cfg):
 
 
 def _method(cfg):
+    _int(cfg, "method.draft_vocab.size", 1, none_ok=True)  # its upper bound, the vocabulary, is the model's
     if _get(cfg, "method.name") == "medusa" and _get(cfg, "method.variant") not in (ABSENT, "medusa1", "medusa2"):
         raise _bad("method.variant", _get(cfg, "method.variant"), "one of medusa1, medusa2")
     if _get(cfg, "method.name") == "pld":

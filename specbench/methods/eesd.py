@@ -30,6 +30,7 @@ from specbench.control import DraftRef
 from specbench.engine.cache import KVCache
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
+from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.models import ModelAdapter
 
 
@@ -60,11 +61,13 @@ class EarlyExit(nn.Module):
     def logits(self, hidden_normed: torch.Tensor) -> torch.Tensor:
         return (self.head or self._target_head)(hidden_normed)
 
-    def forward(self, target: ModelAdapter, h_n: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer-N hidden states [B, q, d] -> (logits [B, q, V], normed hidden [B, q, d])."""
+    def forward(self, target: ModelAdapter, h_n: torch.Tensor, cache: KVCache | None,
+                head: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer-N hidden states [B, q, d] -> (logits [B, q, V], normed hidden [B, q, d]);
+        `head` replaces the exit's head (a draft's vocabulary subset, methods/draft_vocab.py)."""
         h = target.run_layers(h_n, cache, layers=[self.layer], cache_offset=0)
         h = self.norm(h)
-        return self.logits(h), h
+        return (head or self.logits)(h), h
 
     def trainable_state(self) -> dict:
         return self.state_dict()
@@ -88,6 +91,9 @@ class EESD(SpeculativeMethod):
         self.exit, self.info = load_early_exit(target, cfg)
         super().__init__(target, cfg, sampling, ctx)
         self.n = self.exit.n_layers
+        ids, vocab_info = vocab_subset(target, cfg, ctx)
+        self.info |= vocab_info
+        self.draft_head = None if ids is None else subset_head(self.exit.head or target.lm_head, ids, target)
 
     def draft_ref(self) -> DraftRef:
         # a Cali-TS predictor is trained with one early-exit layer: the controller factory finds it by this
@@ -119,7 +125,7 @@ class EESD(SpeculativeMethod):
             self.h_drafts.append(h_n)
             feed = torch.cat(self.backlog + [h_n], 1) if self.backlog else h_n
             self.backlog = []
-            logits, hidden = self.exit(t, feed, self.ecache)
+            logits, hidden = self.exit(t, feed, self.ecache, head=self.draft_head)
             return logits[0, -1], hidden[0, -1]
 
         return self.draft_loop(k_max, next_draft)

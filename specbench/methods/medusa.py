@@ -33,6 +33,7 @@ from specbench.engine.tree import TokenTree
 from specbench.engine.verify import ACCEPTANCE, Proposal
 from specbench.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
+from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.methods.space import load_finetuned
 from specbench.models import ModelAdapter, published
 
@@ -78,8 +79,14 @@ class MedusaHeads(nn.Module):
         return [self.head(k, h) for k in range(self.num_heads)]
 
     def head(self, k: int, h: torch.Tensor) -> torch.Tensor:
-        x = self.blocks[k](h)
-        return (self._target_head if self.heads is None else self.heads[k])(x)
+        return self.projection(k)(self.features(k, h))
+
+    def features(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        """Head k's input to its vocabulary projection."""
+        return self.blocks[k](h)
+
+    def projection(self, k: int) -> nn.Linear:
+        return self._target_head if self.heads is None else self.heads[k]
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
@@ -195,6 +202,18 @@ class Medusa(SpeculativeMethod):
         self.ranks = [0] * self.tree.max_depth
         for p in self.tree.paths[1:]:
             self.ranks[len(p) - 1] = max(self.ranks[len(p) - 1], p[-1] + 1)
+        # ranked on the training data, which the original model wrote (Medusa-2 decodes with a fine-tuned copy)
+        ids, vocab_info = vocab_subset(getattr(self, "base_target", self.target), cfg, ctx)
+        self.info |= vocab_info
+        self.draft_heads = None
+        if ids is not None:
+            if len(ids) < max(self.ranks):
+                raise SpecBenchError(f"method.draft_vocab.size={len(ids)} is smaller than the tree's widest rank ({max(self.ranks)})")
+            subsets: dict[int, nn.Module] = {}  # one SubsetHead per distinct projection (a shared head is one)
+            for proj in map(self.heads.projection, range(self.heads.num_heads)):
+                if id(proj) not in subsets:
+                    subsets[id(proj)] = subset_head(proj, ids, self.target)
+            self.draft_heads = [subsets[id(p)] for p in map(self.heads.projection, range(self.heads.num_heads))]
 
     def describe(self) -> dict:
         d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
@@ -206,7 +225,13 @@ class Medusa(SpeculativeMethod):
     def verify_widths(self) -> list[int]:
         return [len(self.tree)]
 
+    def head_logits(self, d: int, h: torch.Tensor) -> torch.Tensor:
+        """Head d's draft logits: the full vocabulary, or -inf outside method.draft_vocab's subset."""
+        if self.draft_heads is None:
+            return self.heads.head(d, h)
+        return self.draft_heads[d](self.heads.features(d, h))
+
     def propose(self, k_max: int) -> Proposal:
         # the heads read the final hidden state of the last verified position (the loop keeps it)
-        ranked = [torch.topk(self.heads.head(d, self.target_hidden), r).indices.tolist() for d, r in enumerate(self.ranks)]
+        ranked = [torch.topk(self.head_logits(d, self.target_hidden), r).indices.tolist() for d, r in enumerate(self.ranks)]
         return Proposal(self.tree.node_tokens(self.tokens[-1], ranked)[1:], tree=self.tree)

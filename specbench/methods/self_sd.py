@@ -43,6 +43,7 @@ import torch
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
+from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.models import LayerSkip, ModelAdapter, published
 
 SOURCES = ("auto", "explicit", "search", "heuristic")
@@ -164,9 +165,11 @@ class SelfSD(SpeculativeMethod):
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
         self.skip, self.skip_info = resolve_skip(target, cfg.get("skip"))
+        ids, self.vocab_info = vocab_subset(target, cfg, ctx)
+        self.draft_head = subset_head(target.lm_head, ids, target)
 
     def describe(self) -> dict:
-        return super().describe() | self.skip_info
+        return super().describe() | self.skip_info | self.vocab_info
 
     def propose(self, k_max: int):
         base = len(self.tokens) - 1  # committed tokens in the cache; the pending token's position
@@ -175,7 +178,8 @@ class SelfSD(SpeculativeMethod):
         def next_draft(drafts):
             tok = drafts[-1] if drafts else self.tokens[-1]
             pos = torch.tensor([base + len(drafts)], device=device)
-            logits, hidden = self.target.forward([tok], self.cache, positions=pos, skip=self.skip, last_only=True)
+            logits, hidden = self.target.forward([tok], self.cache, positions=pos, skip=self.skip, last_only=True,
+                                                 head=self.draft_head)
             return logits[-1], hidden[-1]
 
         # the draft's own entries in the shared cache are dropped by the decode loop (`draft`)

@@ -220,13 +220,15 @@ class ModelAdapter:
         tree_mask: torch.Tensor | None = None,
         skip: LayerSkip | None = None,
         last_only: bool = False,
+        head: nn.Module | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full forward over new tokens. Returns (logits [q, V], final-norm hidden [q, d])."""
+        """Full forward over new tokens. Returns (logits [q, V], final-norm hidden [q, d]);
+        `head` replaces the LM head (a draft's vocabulary subset, methods/draft_vocab.py)."""
         h = self.run_layers(self.embed(ids), cache, positions=positions, tree_mask=tree_mask, skip=skip)
         if last_only:
             h = h[:, -1:]
         if self.multi_device:  # hidden states are returned where the logits are (self.device)
             h = to_device(self.norm(to_device(h, layer_device(self.norm))), layer_device(self.lm_head))
-            return self.lm_head(h)[0], h[0]
+            return (head or self.lm_head)(h)[0], h[0]
         h = self.norm(h)
-        return self.lm_head(h)[0], h[0]
+        return (head or self.lm_head)(h)[0], h[0]

@@ -74,6 +74,13 @@ class PublishedMedusaHeads(nn.Module):
     def head(self, k: int, h: torch.Tensor) -> torch.Tensor:
         return self.medusa_head[k](h)
 
+    def features(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        """Head k's input to its vocabulary projection."""
+        return self.medusa_head[k][:-1](h)
+
+    def projection(self, k: int) -> nn.Linear:
+        return self.medusa_head[k][-1]
+
 
 def _local_or_hub(where: str) -> Path:
     p = Path(where).expanduser()
