@@ -93,7 +93,13 @@ def test_drafts_propose_only_kept_tokens_and_greedy_equals_ar(method, tmp_path, 
     kept = set(subset_ids(ranked, 12, target.vocab_size, sorted(target.tokenizer.eos_ids)).tolist())
     proposed = []
     propose = m.propose
-    monkeypatch.setattr(m, "propose", lambda k: (lambda p: proposed.extend(p.tokens) or p)(propose(k)))
+
+    def recording(k):
+        prop = propose(k)
+        proposed.extend(prop.tokens)
+        return prop
+
+    monkeypatch.setattr(m, "propose", recording)
     for prompt in PROMPTS:
         with torch.no_grad():
             assert m.generate(prompt, 24, frozenset(), 0).tokens == ar_tokens(target, prompt, 24)
