@@ -209,11 +209,10 @@ class Medusa(SpeculativeMethod):
         if ids is not None:
             if len(ids) < max(self.ranks):
                 raise SpecBenchError(f"method.draft_vocab.size={len(ids)} is smaller than the tree's widest rank ({max(self.ranks)})")
-            subsets: dict[int, nn.Module] = {}  # one SubsetHead per distinct projection (a shared head is one)
-            for proj in map(self.heads.projection, range(self.heads.num_heads)):
-                if id(proj) not in subsets:
-                    subsets[id(proj)] = subset_head(proj, ids, self.target)
-            self.draft_heads = [subsets[id(p)] for p in map(self.heads.projection, range(self.heads.num_heads))]
+            projections = [self.heads.projection(k) for k in range(self.heads.num_heads)]
+            # one SubsetHead per distinct projection (with share_head all heads project through one)
+            subsets = {i: subset_head(p, ids, self.target) for i, p in {id(p): p for p in projections}.items()}
+            self.draft_heads = [subsets[id(p)] for p in projections]
 
     def describe(self) -> dict:
         d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}
