@@ -31,7 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specbench.models import ggml
-from specbench.models.backends import GGML_MAX_ROWS, INVARIANT
+from specbench.models.backends import INVARIANT
 
 GROUPED_SDPA = "specbench_sdpa"
 
@@ -87,16 +87,17 @@ def invariant_attention(module, query, key, value, attention_mask, dropout: floa
     qc = query[0] if query.stride(3) == 1 else query[0].contiguous()  # rows of D floats, any head/query strides
     kc, vc = key[0].contiguous(), value[0].contiguous()  # the cache's own tensors: no copy
     out = torch.empty(1, q, h, d)
-    scale = d**-0.5 if scaling is None else scaling
-    fn = ggml.library().invariant_attention
     # prefills too (a prompt seen with an explicit mask by the adapter and without one by
-    # transformers' generate must get the same bits), in chunks of queries: each query's result
-    # does not depend on the others, and the kernel's scratch stays ~queries x keys
-    for i in range(0, q, GGML_MAX_ROWS):
-        m = min(GGML_MAX_ROWS, q - i)
-        fn(qc[:, i:].data_ptr(), qc.stride(0), qc.stride(1), m, h, d, kc.data_ptr(), vc.data_ptr(), n, key.shape[1],
-           None if allowed is None else allowed[i:].data_ptr(), scale, out[0, i:].data_ptr(), torch.get_num_threads())
+    # transformers' generate must get the same bits); the kernel takes a long query in chunks
+    _kernel()(qc.data_ptr(), qc.stride(0), qc.stride(1), q, h, d, kc.data_ptr(), vc.data_ptr(), n, key.shape[1],
+              None if allowed is None else allowed.data_ptr(), d**-0.5 if scaling is None else scaling, out.data_ptr(),
+              torch.get_num_threads())
     return out
+
+
+@functools.cache
+def _kernel():
+    return ggml.library().invariant_attention  # looked up once: this runs once per layer and forward
 
 
 def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
