@@ -1,0 +1,51 @@
+"""The README's per-suite table, read from a suite's run directories (bench/bench.py --out DIR).
+
+    python bench/suite_table.py results/bench/selfdraft results/bench/heads
+
+One row per run directory (<suite>/<task>/<run>/summary.json): AR tokens/s, the pooled speedup
+and its bootstrap interval, the cost model's prediction (start-up profile / refit from the run's
+own verify steps), v_d, tau, how many outputs equal AR's, and the cost split per committed token
+in units of AR's time per token (draft + verify + prefill; with the rest, its sum is 1/speedup):
+the term that makes a method lose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specbench.table import markdown
+
+
+def _f(x, spec=".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def row(task: str, run: str, s: dict) -> list[str]:
+    ci = s.get("speedup_ci")
+    acc, c = s.get("acceptance") or {}, s.get("cost_terms") or {}
+    lossless = (s.get("meta") or {}).get("lossless", True)
+    split = "–" if not c else f"{c.get('draft', 0):.2f} + {c.get('verify', 0):.2f} + {c.get('prefill', 0):.2f} = {c['total']:.2f}"
+    return [task, run, _f(s["ar"]["tokens_per_s"], ".1f"),
+            f"{_f(s['speedup'])}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
+            f"{_f(s.get('predicted_speedup'))} / {_f(s.get('predicted_speedup_refit'))}",
+            _f(acc.get("v_d")), _f(acc.get("tau")), f"{s['matches_ar']}/{s['samples']}" if lossless else "n/a", split]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suites", nargs="+", help="suite directories: <out>/<suite>")
+    args = ap.parse_args()
+    rows = []
+    for suite in args.suites:
+        for path in sorted(Path(suite).glob("*/*/summary.json")):
+            rows.append(row(path.parent.parent.name, path.parent.name, json.loads(path.read_text())))
+    print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "tau", "=AR",
+                    "draft + verify + prefill per token (AR = 1)"], rows))
+
+
+if __name__ == "__main__":
+    main()
