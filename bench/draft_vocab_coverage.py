@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,11 +40,9 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="*", type=int, default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
     args = ap.parse_args()
 
-    import os
-
+    from embedded import embedded_model
     from omegaconf import OmegaConf
 
-    from embedded import embedded_model
     from specbench.methods.draft_vocab import rank_tokens, subset_ids
     from specbench.train.data import build_sequences
 
