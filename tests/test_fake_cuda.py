@@ -3,6 +3,7 @@
 these tests check devices, dtypes and shapes only (value tests live elsewhere). The model is a
 tiny bf16 Llama (the GPU default dtype) built under fake mode on `cuda`."""
 
+import json
 import random
 
 import pytest
@@ -208,3 +209,17 @@ def test_cali_labels_from_cuda_states_and_host_predictor():
         pred = CaliPredictor(t.hidden_size, 3)
         p = pred(th, dh, i)
         assert p.device.type == "cpu" and p.shape == lab.shape
+
+
+@pytest.mark.parametrize("name", ["self_sd", "eesd", "medusa"])
+@pytest.mark.parametrize("mode", ["greedy", "sampling"])
+def test_draft_vocab_subset_on_cuda(name, mode, tmp_path):
+    """method.draft_vocab: the subset head's rows, its -inf scatter and its ids stay on the device."""
+    ranked = tmp_path / "ranked.json"
+    ranked.write_text(json.dumps(list(range(100, 130))))
+    cfg = OmegaConf.merge(METHODS[name], {"draft_vocab": {"size": 8, "source": str(ranked)}})
+    with fake_cuda(bool_value=True):
+        t = fake_tiny_llama()
+        m = build(name, t, cfg, SamplingConfig() if mode == "greedy" else SAMPLE, control("fixed", 2))
+        g = m.generate([1, 5, 6, 7, 5, 6], 4, {2}, 0)
+    assert len(g.tokens) == 4 and m.describe()["draft_vocab"] == 8
