@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -49,6 +47,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from embedded import embedded_model
+    from ggml_kernel import median_ms
     from omegaconf import OmegaConf
 
     from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
@@ -84,16 +83,6 @@ def main() -> None:
     print(markdown(["V'", "of the vocabulary", Column("training tokens covered %", spec=".2f"),
                     Column("AR output tokens covered %", spec=".2f"), Column("head ms (1 token)", spec=".3f"),
                     Column("head / T(1) %", spec=".1f")], rows))
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 if __name__ == "__main__":
