@@ -67,7 +67,7 @@ class EarlyExit(nn.Module):
         `head` replaces the exit's head (a draft's vocabulary subset, methods/draft_vocab.py)."""
         h = target.run_layers(h_n, cache, layers=[self.layer], cache_offset=0)
         h = self.norm(h)
-        return (head or self.logits)(h), h
+        return (self.logits if head is None else head)(h), h
 
     def trainable_state(self) -> dict:
         return self.state_dict()

@@ -229,6 +229,6 @@ class ModelAdapter:
             h = h[:, -1:]
         if self.multi_device:  # hidden states are returned where the logits are (self.device)
             h = to_device(self.norm(to_device(h, layer_device(self.norm))), layer_device(self.lm_head))
-            return (head or self.lm_head)(h)[0], h[0]
+            return (self.lm_head if head is None else head)(h)[0], h[0]
         h = self.norm(h)
-        return (head or self.lm_head)(h)[0], h[0]
+        return (self.lm_head if head is None else head)(h)[0], h[0]
