@@ -2,8 +2,9 @@
 
 A self-drafting method pays the LM head for every draft token: on SmolLM2-135M the tied
 49,152 x 576 head is ~21% of the weights (~27% of the bytes a decoding step reads on the `ggml*`
-backends, where it is Q8_0 and the layers Q4_1). Most of it is rows of tokens the model almost
-never writes. With `draft_vocab.size = V'` the draft computes logits only for the V' tokens most
+backends, where it is Q8_0 and the layers Q4_1), though only ~8% of a one-token step's time
+there (results/bench/draftvocab_coverage.md: the rest is attention, norms and Python). Most of
+its rows are tokens the model almost never writes. With `draft_vocab.size = V'` the draft computes logits only for the V' tokens most
 frequent in the training data and treats every other token as impossible (-inf), so it can only
 propose one of them. Verification still uses the full head, so greedy output is still exactly
 AR's and rejection sampling still preserves the target distribution (the draft distribution q is

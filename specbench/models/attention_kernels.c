@@ -195,18 +195,23 @@ static float softmax(float *s, int n) {
     return 1.0f / vf_sum(lsum);
 }
 
+/* the end of the compact positions [t, n) whose keys lie below `limit` (ip sorted) */
+static inline int block_end(const int *ip, int n, int t, int limit) {
+    if (n && ip[n - 1] == n - 1) return n < limit ? n : limit; /* a prefix: position = key */
+    while (t < n && ip[t] < limit) t++;
+    return t;
+}
+
 /* q: query i of head h at q + h*qsh + i*qsi (D contiguous floats), k/v [Hkv, N, D] (contiguous),
  * allowed [Q, N] bytes or NULL (every key), out [Q, H, D]; head h reads kv head h / (H / Hkv).
- * Per kv head: scores of every key for every (query, head) block by block, then each pair's
- * softmax over the keys it sees (compact order), then its sum over V block by block; each pair's
- * operations are the same whatever the other pairs are. */
+ * Per kv head: each (query, head) pair's scores of the keys it sees (compact order), key block by
+ * key block, then its softmax, then its sum over V block by block; each pair's operations are
+ * the same whatever the other pairs are. */
 static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, const float *v, int N,
                             int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
     const int groups = H / Hkv, dl = D / L, P = Q * groups;
     const long stride = N + 2 * L; /* per pair: scores (padded for the 16-key chunks) */
-    int *idx = malloc(sizeof(int) * ((long)Q * stride + stride));
-    int *cnt = malloc(sizeof(int) * Q), *iota = idx + (long)Q * stride;
-    for (int j = 0; j < N + L; j++) iota[j] = j;
+    int *idx = malloc(sizeof(int) * (long)Q * stride), *cnt = malloc(sizeof(int) * Q);
     for (int i = 0; i < Q; i++) {
         cnt[i] = 0;
         for (int j = 0; j < N; j++)
@@ -225,9 +230,8 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
             for (int p = 0; p < P; p++) {
                 const float *qv = q + (long)(g * groups + p % groups) * qsh + (long)(p / groups) * qsi;
                 const int *ip = idx + (long)(p / groups) * stride, n = cnt[p / groups];
-                int t = cur[p], t1 = t;
-                if (n && ip[n - 1] == n - 1) t1 = n < jb + KB ? n : jb + KB; /* a prefix: t = key */
-                else while (t1 < n && ip[t1] < jb + KB) t1++;
+                int t = cur[p];
+                const int t1 = block_end(ip, n, t, jb + KB);
                 for (; t < t1; t += L) /* a last partial chunk writes zeros past t1: the next block overwrites them */
                     scores16(qv, kh, ip + t, t1 - t < L ? t1 - t : L, D, scale, S + (long)p * stride + t);
                 cur[p] = t1;
@@ -239,9 +243,7 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
         for (int jb = 0; jb < N; jb += KB)
             for (int p = 0; p < P; p++) {
                 const int *ip = idx + (long)(p / groups) * stride, n = cnt[p / groups];
-                int t1 = cur[p];
-                if (n && ip[n - 1] == n - 1) t1 = n < jb + KB ? n : jb + KB; /* a prefix: t = key */
-                else while (t1 < n && ip[t1] < jb + KB) t1++;
+                const int t1 = block_end(ip, n, cur[p], jb + KB);
                 pv(vh, ip, S + (long)p * stride, cur[p], t1, dl, A + (long)p * 2 * D);
                 cur[p] = t1;
             }
