@@ -94,6 +94,11 @@ static inline __attribute__((always_inline)) void tile(int q4, int R, int nb, co
     for (int b = 0; b < nb; b++) {
         const uint8_t *rec = recs + b * rec_size;
         __m512i w[8];
+        /* at 4+ rows the loop is compute-bound and the hardware prefetcher falls behind: fetch
+         * the weights ~3 KB ahead (8 rows: 2.1x -> 1.7x the one-row time over the 211 layers);
+         * below that the stream is memory-bound and extra prefetches only cost */
+        if (R >= 4)
+            for (int l = 0; l < rec_size; l += 64) _mm_prefetch((const char *)rec + 3072 + l, _MM_HINT_T0);
         if (q4) weights_q4(rec, w);
         else weights_q8(rec, w);
         const __m512 dw = _mm512_loadu_ps((const float *)rec);
