@@ -5,9 +5,17 @@
 Compiles two tiny C probes with the system compiler (as the ggml backend does) and prints:
 - the single-core read bandwidth (a streaming sum over 1 GiB, best of 5);
 - the single-core float32 multiply-add rate (12 independent AVX-512 or AVX2 FMA chains);
+- with AVX-512 VNNI, the single-core `vpdpbusd` rate (10 independent chains; 64 int8
+  multiply-adds each): the ggml_q8 kernel's arithmetic;
+- the FMA (and VNNI) probe run on two CPUs at once: each should keep its alone rate; about
+  half means the two vCPUs share one core's vector units (SMT siblings on the host) or the host
+  is busy, and a compute-bound job on one then slows the other (measured here 2026-11-24: 2.0x,
+  independent; one earlier manual try the same hour got half each, so run it twice);
 - for the embedded model's 211 linear layers in the ggml backend's formats (Q4_1 body, Q8_0
   head: bytes per weight from the block layouts), the time floor of one forward over M rows,
-  max(bytes / bandwidth, 2 * M * weights / FMA rate), and the floors' ratio to M = 1.
+  max(bytes / bandwidth, 2 * M * weights / FMA rate), and the floors' ratio to M = 1; with
+  VNNI also the int8 floor max(bytes / bandwidth, M * weights / (64 * vpdpbusd rate)), which
+  leaves out the per-block float epilogue (ggml_q8_kernels.c), so the kernel cannot reach it.
 Exact float32 arithmetic on 4-bit weights is compute-bound from a few rows on: this is the
 bound on how flat T(k) can be on a given CPU, whatever the kernel (results/bench/ backends md).
 """
@@ -81,44 +89,97 @@ int main(void) {
 }
 """
 
+VNNI_C = r"""
+#include <immintrin.h>
+#include <stdio.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+int main(void) {
+#if defined(__AVX512VNNI__)
+    /* ten named chains (an array would be stored and reloaded every iteration) */
+    const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(1);
+    __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0;
+#define D(a) a = _mm512_dpbusd_epi32(a, w, x);
+    long n = 100000000;
+    double t0 = now();
+    for (long i = 0; i < n; i++) {
+        D(a0) D(a1) D(a2) D(a3) D(a4) D(a5) D(a6) D(a7) D(a8) D(a9)
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9));
+    }
+    double t = now() - t0;
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(a8, a9));
+    printf("%.3f %d\\n", 10.0 * n / t / 1e9, _mm512_reduce_add_epi32(s));
+#else
+    printf("0 0\\n");
+#endif
+    return 0;
+}
+"""
+
 # SmolLM2-135M: 30 layers of q, k, v, o, gate, up, down; the tied 49152-row head
 LAYERS = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30
 HEAD = (49152, 576)
 Q4_1_BYTES, Q8_0_BYTES = 24 / 32, 36 / 32  # the kernel's records: float32 d (and m) + packed values
 
 
-def probe(source: str, name: str) -> list[str]:
+def compile_probe(source: str, name: str, tmp: str) -> Path:
     cc = compiler()
     if cc is None:
         sys.exit("specbench: error: bench/roofline.py needs a C compiler (cc/gcc)")
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / f"{name}.c", Path(tmp) / name
-        src.write_text(source)
-        subprocess.run([cc, "-O3", "-march=native", str(src), "-o", str(exe)], check=True)
-        return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    src, exe = Path(tmp) / f"{name}.c", Path(tmp) / name
+    src.write_text(source)
+    subprocess.run([cc, "-O3", "-march=native", str(src), "-o", str(exe)], check=True)
+    return exe
+
+
+def run_on(exes: list[Path], cpus: list[int]) -> list[list[str]]:
+    """Run exes[i] pinned to cpus[i], all at once; their outputs split into words."""
+    procs = [subprocess.Popen(["taskset", "-c", str(c), str(e)], stdout=subprocess.PIPE, text=True) for e, c in zip(exes, cpus)]
+    return [p.communicate()[0].split() for p in procs]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     args = ap.parse_args()
-    gbs = float(probe(BANDWIDTH_C, "bandwidth")[0])
-    gflops, lanes = (float(v) for v in probe(FMA_C, "fma")[:2])
+    cpus = sorted(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        bw, fma, vnni = (compile_probe(src, name, tmp) for src, name in ((BANDWIDTH_C, "bandwidth"), (FMA_C, "fma"), (VNNI_C, "vnni")))
+        gbs = float(run_on([bw], cpus[:1])[0][0])
+        gflops, lanes = (float(v) for v in run_on([fma], cpus[:1])[0][:2])
+        dpbusd = float(run_on([vnni], cpus[:1])[0][0])  # G instructions/s (0: no VNNI)
+        shared = None
+        if len(cpus) > 1:  # the same probes on two CPUs at once
+            shared = [float(x[0]) for x in run_on([fma, fma], cpus[:2])], [float(x[0]) for x in run_on([vnni, vnni], cpus[:2])]
     body = sum(n * k for n, k in LAYERS)
     head = HEAD[0] * HEAD[1]
     nbytes = body * Q4_1_BYTES + head * Q8_0_BYTES
     print(f"machine: {os.uname().machine}, {os.cpu_count()} CPUs; one core measured")
-    print(f"read bandwidth: {gbs:.1f} GB/s; float32 FMA rate: {gflops:.0f} GFLOP/s ({int(lanes)}-lane vectors)")
+    print(f"read bandwidth: {gbs:.1f} GB/s; float32 FMA rate: {gflops:.0f} GFLOP/s ({int(lanes)}-lane vectors)"
+          + (f"; vpdpbusd: {dpbusd:.2f} G/s ({64 * dpbusd:.0f} G int8 multiply-adds/s)" if dpbusd else "; no AVX-512 VNNI"))
+    if shared:
+        (f0, f1), (v0, v1) = shared
+        print(f"on CPUs {cpus[0]} and {cpus[1]} at once: FMA {f0:.0f} + {f1:.0f} GFLOP/s ({(f0 + f1) / gflops:.2f}x one alone)"
+              + (f"; vpdpbusd {v0:.2f} + {v1:.2f} G/s ({(v0 + v1) / dpbusd:.2f}x)" if dpbusd else "")
+              + ("  -> not independent now (shared vector units or a busy host)" if (f0 + f1) / gflops < 1.4 else ""))
     print(f"linear layers: {(body + head) / 1e6:.0f}M weights, {nbytes / 1e6:.0f} MB in the ggml formats "
           f"(float32: {4 * (body + head) / 1e6:.0f} MB, memory floor {4 * (body + head) / gbs / 1e6:.1f} ms whatever M up to "
           f"{4 * gflops / 2 / gbs:.0f} rows)")
-    floor1 = None
+    floor1 = int8_1 = None
     for m in args.rows:
         t_mem = nbytes / gbs / 1e6
         t_fma = 2 * m * (body + head) / gflops / 1e6
         floor = max(t_mem, t_fma)
         floor1 = floor1 or floor
-        print(f"M={m:3d}: memory {t_mem:5.1f} ms, multiply-adds {t_fma:5.1f} ms -> floor {floor:5.1f} ms ({floor / floor1:.2f}x M=1)")
+        line = f"M={m:3d}: memory {t_mem:5.1f} ms, multiply-adds {t_fma:5.1f} ms -> floor {floor:5.1f} ms ({floor / floor1:.2f}x M=1)"
+        if dpbusd:
+            t_int8 = m * (body + head) / (64 * dpbusd) / 1e6
+            int8_floor = max(t_mem, t_int8)
+            int8_1 = int8_1 or int8_floor
+            line += f"; int8 (ggml_q8) vpdpbusd {t_int8:4.1f} ms -> floor {int8_floor:4.1f} ms ({int8_floor / int8_1:.2f}x)"
+        print(line)
 
 
 if __name__ == "__main__":
