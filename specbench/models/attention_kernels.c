@@ -138,43 +138,38 @@ static inline void scores16(const float *qv, const float *kh, const int *idx, in
                     * query and head of the kv head uses them, so the cache is read from L2/L3 once per
                     * call, not per head (64 measured 5-10% faster than 32 at 1-64 queries, 200+ keys) */
 
-/* acc (two accumulators: even and odd compact positions) += p_t v_{idx[t]} for t in [t0, t1) */
-static inline __attribute__((always_inline)) void pv_run(const float *vh, const int *idx, const float *p, int t0, int t1,
-                                                         const int DL, float *acc) {
+/* acc[h] += p_{h,t} v_{idx[t]} for t in [t0, t1), for the H heads of one query (they see the
+ * same keys): each V row is loaded once for all of them; each head's own operations (one
+ * fused multiply-add per lane chunk and key, in key order) do not depend on H */
+static inline __attribute__((always_inline)) void pv_run(const float *vh, const int *idx, const float *p, long ps, int t0,
+                                                         int t1, const int DL, const int H, float *acc) {
     const int D = DL * L;
-    vf a0[MAXDL], a1[MAXDL];
-    for (int c = 0; c < DL; c++) a0[c] = vf_load(acc + c * L), a1[c] = vf_load(acc + D + c * L);
-    int t = t0;
-    if (t < t1 && (t & 1)) {
-        const vf p1 = vf_set(p[t]);
-        const float *v1 = vh + (long)idx[t] * D;
-        for (int c = 0; c < DL; c++) a1[c] = vf_fma(p1, vf_load(v1 + c * L), a1[c]);
-        t++;
-    }
-    for (; t + 1 < t1; t += 2) {
-        const vf p0 = vf_set(p[t]), p1 = vf_set(p[t + 1]);
-        const float *v0 = vh + (long)idx[t] * D, *v1 = vh + (long)idx[t + 1] * D;
-        for (int c = 0; c < DL; c++) {
-            a0[c] = vf_fma(p0, vf_load(v0 + c * L), a0[c]);
-            a1[c] = vf_fma(p1, vf_load(v1 + c * L), a1[c]);
+    vf a[3][MAXDL];
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < DL; c++) a[h][c] = vf_load(acc + h * D + c * L);
+    for (int t = t0; t < t1; t++) {
+        const float *v = vh + (long)idx[t] * D;
+        vf vr[MAXDL];
+        for (int c = 0; c < DL; c++) vr[c] = vf_load(v + c * L);
+        for (int h = 0; h < H; h++) {
+            const vf ph = vf_set(p[h * ps + t]);
+            for (int c = 0; c < DL; c++) a[h][c] = vf_fma(ph, vr[c], a[h][c]);
         }
     }
-    if (t < t1) {
-        const vf p0 = vf_set(p[t]);
-        const float *v0 = vh + (long)idx[t] * D;
-        for (int c = 0; c < DL; c++) a0[c] = vf_fma(p0, vf_load(v0 + c * L), a0[c]);
-    }
-    for (int c = 0; c < DL; c++) vf_store(acc + c * L, a0[c]), vf_store(acc + D + c * L, a1[c]);
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < DL; c++) vf_store(acc + h * D + c * L, a[h][c]);
 }
 
-static inline void pv(const float *vh, const int *idx, const float *p, int t0, int t1, int DL, float *acc) {
-    switch (DL) {
-        case 4: pv_run(vh, idx, p, t0, t1, 4, acc); break;
-        case 8: pv_run(vh, idx, p, t0, t1, 8, acc); break;
-        case 2: pv_run(vh, idx, p, t0, t1, 2, acc); break;
-        case 1: pv_run(vh, idx, p, t0, t1, 1, acc); break;
-        default: pv_run(vh, idx, p, t0, t1, DL, acc);
-    }
+/* heads per V-row load: what fits in 32 vector registers with the row (3 at D = 64) */
+static inline int pv_heads(int DL) { return DL <= 4 ? 3 : DL <= 8 ? 2 : 1; }
+
+static inline void pv(const float *vh, const int *idx, const float *p, long ps, int t0, int t1, int DL, int H, float *acc) {
+#define PV_CASE(dl, h) \
+    if (DL == dl && H == h) { pv_run(vh, idx, p, ps, t0, t1, dl, h, acc); return; }
+    PV_CASE(4, 3) PV_CASE(4, 2) PV_CASE(4, 1) PV_CASE(8, 2) PV_CASE(8, 1) PV_CASE(2, 3) PV_CASE(2, 2) PV_CASE(2, 1)
+    PV_CASE(1, 3) PV_CASE(1, 2) PV_CASE(1, 1)
+#undef PV_CASE
+    for (int h = 0; h < H; h++) pv_run(vh, idx, p + h * ps, ps, t0, t1, DL, 1, acc + (long)h * DL * L);
 }
 
 /* softmax of one (query, head)'s scores over its compact key list, in place: s[t] <- p_t;
@@ -220,7 +215,7 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
     for (int g = 0; g < Hkv; g++) {
         const float *kh = k + (long)g * N * D, *vh = v + (long)g * N * D;
-        float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * 2 * D, sizeof(float));
+        float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * D, sizeof(float));
         float *inv = malloc(sizeof(float) * P);
         int *cur = calloc(P, sizeof(int));
         /* pair p: query p / groups, head g * groups + p % groups. Scores of the keys the pair
@@ -240,18 +235,22 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
             cur[p] = 0;
             inv[p] = softmax(S + (long)p * stride, cnt[p / groups]);
         }
+        /* per query, its heads together (they see the same keys): cur[p] is the same for them */
+        const int hb = pv_heads(dl);
         for (int jb = 0; jb < N; jb += KB)
-            for (int p = 0; p < P; p++) {
-                const int *ip = idx + (long)(p / groups) * stride, n = cnt[p / groups];
-                const int t1 = block_end(ip, n, cur[p], jb + KB);
-                pv(vh, ip, S + (long)p * stride, cur[p], t1, dl, A + (long)p * 2 * D);
-                cur[p] = t1;
+            for (int i = 0; i < Q; i++) {
+                const int *ip = idx + (long)i * stride, p0 = i * groups;
+                const int t1 = block_end(ip, cnt[i], cur[p0], jb + KB);
+                for (int h = 0; h < groups; h += hb)
+                    pv(vh, ip, S + (long)(p0 + h) * stride, stride, cur[p0], t1, dl, groups - h < hb ? groups - h : hb,
+                       A + (long)(p0 + h) * D);
+                for (int h = 0; h < groups; h++) cur[p0 + h] = t1;
             }
         for (int p = 0; p < P; p++) {
-            const float *a = A + (long)p * 2 * D;
+            const float *a = A + (long)p * D;
             float *o = out + ((long)(p / groups) * H + g * groups + p % groups) * D;
             const vf iv = vf_set(inv[p]);
-            for (int c = 0; c < dl; c++) vf_store(o + c * L, vf_mul(vf_add(vf_load(a + c * L), vf_load(a + D + c * L)), iv));
+            for (int c = 0; c < dl; c++) vf_store(o + c * L, vf_mul(vf_load(a + c * L), iv));
         }
         free(S);
         free(A);
