@@ -64,15 +64,21 @@ class Attn:
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("n", [40, 150])  # one block of keys, or several (the kernel walks keys in blocks of 64)
-def test_invariant_attention_gives_each_query_the_bits_it_gets_alone(n):
+@pytest.mark.parametrize(("n", "d", "heads", "kv"), [
+    (40, 32, 9, 3),  # one block of keys (the kernel walks keys in blocks of 64), 3 heads per V row
+    (150, 32, 9, 3),  # several blocks
+    (70, 256, 8, 2),  # 4 heads per kv head at D = 256: one head per V row
+    (70, 48, 6, 2),  # 3 heads per V row at D = 48: the generic P.V path (no specialised case)
+    (70, 128, 4, 4),  # no grouping, D = 128
+])
+def test_invariant_attention_gives_each_query_the_bits_it_gets_alone(n, d, heads, kv):
     """A query's output depends only on its own query and on the keys it sees, in order: the
     same as a one-query call over exactly those keys (a verified chain, or a tree node whose
     mask row lists prefix + ancestors), and close to sdpa."""
     torch.manual_seed(0)
-    q, d = 6, 32
-    query = torch.randn(1, 9, q, d)
-    key, value = torch.randn(2, 1, 3, n, d)
+    q = 6
+    query = torch.randn(1, heads, q, d)
+    key, value = torch.randn(2, 1, kv, n, d)
     allowed = torch.rand(q, n) < 0.6
     allowed[:, 0] = True
     out = invariant_attention(Attn(), query, key, value, allowed.view(1, 1, q, n), scaling=0.2)
