@@ -217,34 +217,32 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
         const float *kh = k + (long)g * N * D, *vh = v + (long)g * N * D;
         float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * D, sizeof(float));
         float *inv = malloc(sizeof(float) * P);
-        int *cur = calloc(P, sizeof(int));
-        /* pair p: query p / groups, head g * groups + p % groups. Scores of the keys the pair
-         * sees only, in compact order (a key's score does not depend on which others are scored),
-         * block by block so a block's K rows serve every pair from L1 */
-        for (int jb = 0; jb < N; jb += KB)
-            for (int p = 0; p < P; p++) {
-                const float *qv = q + (long)(g * groups + p % groups) * qsh + (long)(p / groups) * qsi;
-                const int *ip = idx + (long)(p / groups) * stride, n = cnt[p / groups];
-                int t = cur[p];
-                const int t1 = block_end(ip, n, t, jb + KB);
-                for (; t < t1; t += L) /* a last partial chunk writes zeros past t1: the next block overwrites them */
-                    scores16(qv, kh, ip + t, t1 - t < L ? t1 - t : L, D, scale, S + (long)p * stride + t);
-                cur[p] = t1;
-            }
-        for (int p = 0; p < P; p++) {
-            cur[p] = 0;
-            inv[p] = softmax(S + (long)p * stride, cnt[p / groups]);
-        }
-        /* per query, its heads together (they see the same keys): cur[p] is the same for them */
-        const int hb = pv_heads(dl);
+        int *cur = calloc(Q, sizeof(int)); /* per query: the next compact position (its heads see the same keys) */
+        /* pair p = i * groups + h: query i, head g * groups + h. Scores of the keys the query sees
+         * only, in compact order (a key's score does not depend on which others are scored), block
+         * by block so a block's K rows serve every pair from L1 */
         for (int jb = 0; jb < N; jb += KB)
             for (int i = 0; i < Q; i++) {
-                const int *ip = idx + (long)i * stride, p0 = i * groups;
-                const int t1 = block_end(ip, cnt[i], cur[p0], jb + KB);
+                const int *ip = idx + (long)i * stride, t0 = cur[i], t1 = block_end(ip, cnt[i], t0, jb + KB);
+                for (int h = 0; h < groups; h++) {
+                    const float *qv = q + (long)(g * groups + h) * qsh + (long)i * qsi;
+                    float *sp = S + (long)(i * groups + h) * stride;
+                    for (int t = t0; t < t1; t += L) /* a last partial chunk writes zeros past t1: the next block overwrites them */
+                        scores16(qv, kh, ip + t, t1 - t < L ? t1 - t : L, D, scale, sp + t);
+                }
+                cur[i] = t1;
+            }
+        for (int p = 0; p < P; p++) inv[p] = softmax(S + (long)p * stride, cnt[p / groups]);
+        /* the same walk over V, the heads of a query together (each V row loaded once for them) */
+        const int hb = pv_heads(dl);
+        memset(cur, 0, sizeof(int) * Q);
+        for (int jb = 0; jb < N; jb += KB)
+            for (int i = 0; i < Q; i++) {
+                const int *ip = idx + (long)i * stride, p0 = i * groups, t1 = block_end(ip, cnt[i], cur[i], jb + KB);
                 for (int h = 0; h < groups; h += hb)
-                    pv(vh, ip, S + (long)(p0 + h) * stride, stride, cur[p0], t1, dl, groups - h < hb ? groups - h : hb,
+                    pv(vh, ip, S + (long)(p0 + h) * stride, stride, cur[i], t1, dl, groups - h < hb ? groups - h : hb,
                        A + (long)(p0 + h) * D);
-                for (int h = 0; h < groups; h++) cur[p0 + h] = t1;
+                cur[i] = t1;
             }
         for (int p = 0; p < P; p++) {
             const float *a = A + (long)p * D;
