@@ -97,6 +97,27 @@ def test_invariant_attention_gives_each_query_the_bits_it_gets_alone(n, d, heads
     assert invariant_attention(Attn(), query.double(), key.double(), value.double(), None) is None
 
 
+@torch.no_grad()
+def test_invariant_attention_reads_the_cache_buffers_in_place():
+    """KVCache hands attention a prefix of a larger buffer (heads `capacity` rows apart): the
+    kernel reads it at that head stride, without a copy, and gets the bits of the same keys
+    copied to a contiguous tensor (a kernel that assumed heads n rows apart would read the next
+    head's rows, or the unused tail)."""
+    from specbench.engine.cache import KVCache
+
+    torch.manual_seed(2)
+    cache, n, q = KVCache(1), 90, 5
+    cache.update(*torch.randn(2, 1, 3, 60, 32), 0)  # capacity 120: heads 120 rows apart
+    cache.keys[0][..., 60:, :] = cache.values[0][..., 60:, :] = float("nan")  # the unused tail
+    key, value = cache.update(*torch.randn(2, 1, 3, n - 60, 32), 0)
+    assert key.stride(1) == 120 * 32 and not key.is_contiguous()
+    query = torch.randn(1, 9, q, 32)
+    causal = torch.ones(q, n, dtype=torch.bool).tril(n - q).view(1, 1, q, n)
+    out = invariant_attention(Attn(), query, key, value, causal, scaling=0.2)
+    assert torch.equal(out, invariant_attention(Attn(), query, key.contiguous(), value.contiguous(), causal, scaling=0.2))
+    assert not out.isnan().any()
+
+
 @pytest.mark.parametrize("backend", ["ggml", "ggml_f32", "ggml_q8"])
 def test_whole_forward_is_batch_invariant(backend):
     """An 8-token forward after a cache returns, row for row, the logits of 8 one-token forwards

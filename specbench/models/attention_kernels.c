@@ -197,12 +197,14 @@ static inline int block_end(const int *ip, int n, int t, int limit) {
     return t;
 }
 
-/* q: query i of head h at q + h*qsh + i*qsi (D contiguous floats), k/v [Hkv, N, D] (contiguous),
+/* q: query i of head h at q + h*qsh + i*qsi (D contiguous floats); kv head g's N rows of D floats
+ * at k + g*ksh, v + g*vsh (a cache buffer's prefix: no copy);
  * allowed [Q, N] bytes or NULL (every key), out [Q, H, D]; head h reads kv head h / (H / Hkv).
  * Per kv head: each (query, head) pair's scores of the keys it sees (compact order), key block by
  * key block, then its softmax, then its sum over V block by block; each pair's operations are
  * the same whatever the other pairs are. */
-static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, const float *v, int N,
+static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, long ksh, const float *v,
+                            long vsh, int N,
                             int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
     const int groups = H / Hkv, dl = D / L, P = Q * groups;
     const long stride = N + 2 * L; /* per pair: scores (padded for the 16-key chunks) */
@@ -214,7 +216,7 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
     }
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
     for (int g = 0; g < Hkv; g++) {
-        const float *kh = k + (long)g * N * D, *vh = v + (long)g * N * D;
+        const float *kh = k + (long)g * ksh, *vh = v + (long)g * vsh;
         float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * D, sizeof(float));
         float *inv = malloc(sizeof(float) * P);
         int *cur = calloc(Q, sizeof(int)); /* per query: the next compact position (its heads see the same keys) */
@@ -262,9 +264,10 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
 #define QCHUNK 64 /* queries per pass (a prompt): the scratch stays ~64 x keys floats per kv head */
 
 /* the chunks of a long query (each query's result does not depend on the others) */
-void invariant_attention(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, const float *v, int N,
+void invariant_attention(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, long ksh, const float *v,
+                         long vsh, int N,
                          int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
     for (int i = 0; i < Q; i += QCHUNK)
-        attention_chunk(q + (long)i * qsi, qsh, qsi, Q - i < QCHUNK ? Q - i : QCHUNK, H, D, k, v, N, Hkv,
+        attention_chunk(q + (long)i * qsi, qsh, qsi, Q - i < QCHUNK ? Q - i : QCHUNK, H, D, k, ksh, v, vsh, N, Hkv,
                         allowed ? allowed + (long)i * N : NULL, scale, out + (long)i * H * D, nthreads);
 }

@@ -223,7 +223,8 @@ def load(path: Path) -> ctypes.CDLL:
         fn = getattr(lib, f"ggml_q8_linear_{kind}")
         fn.argtypes = [p, i, i, p, i, p, p, i]
         fn.restype = None
-    lib.invariant_attention.argtypes = [p, ctypes.c_long, ctypes.c_long, i, i, i, p, p, i, i, p, ctypes.c_float, p, i]
+    L = ctypes.c_long
+    lib.invariant_attention.argtypes = [p, L, L, i, i, i, p, L, p, L, i, i, p, ctypes.c_float, p, i]
     lib.invariant_attention.restype = None
     return lib
 
