@@ -88,6 +88,14 @@ def test_invariant_attention_gives_each_query_the_bits_it_gets_alone(n, d, heads
         seen = allowed[i].nonzero().flatten()
         alone = invariant_attention(Attn(), query[:, :, i : i + 1], key[:, :, seen], value[:, :, seen], None, scaling=0.2)
         assert torch.equal(alone[0, 0], out[0, i]), i
+    # threads split the work by (kv head, share of the queries): the same bits at any count
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 4):
+            torch.set_num_threads(t)
+            assert torch.equal(invariant_attention(Attn(), query, key, value, allowed.view(1, 1, q, n), scaling=0.2), out), t
+    finally:
+        torch.set_num_threads(threads)
     # an additive float mask is the same mask
     additive = torch.zeros(q, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
     assert torch.equal(invariant_attention(Attn(), query, key, value, additive.view(1, 1, q, n), scaling=0.2), out)

@@ -197,16 +197,61 @@ static inline int block_end(const int *ip, int n, int t, int limit) {
     return t;
 }
 
-/* q: query i of head h at q + h*qsh + i*qsi (D contiguous floats); kv head g's N rows of D floats
- * at k + g*ksh, v + g*vsh (a cache buffer's prefix: no copy);
- * allowed [Q, N] bytes or NULL (every key), out [Q, H, D]; head h reads kv head h / (H / Hkv).
- * Per kv head: each (query, head) pair's scores of the keys it sees (compact order), key block by
- * key block, then its softmax, then its sum over V block by block; each pair's operations are
- * the same whatever the other pairs are. */
-static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, long ksh, const float *v,
-                            long vsh, int N,
-                            int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
+/* queries [0, Q) (pointers already offset to the first) of kv head g; idx/cnt: each query's
+ * compact key list (stride apart). Pair p = i * groups + h: query i, head g * groups + h. */
+static void kv_head(int g, const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, long ksh,
+                    const float *v, long vsh, int N, int Hkv, const int *idx, const int *cnt, long stride, float scale,
+                    float *out) {
     const int groups = H / Hkv, dl = D / L, P = Q * groups;
+    const float *kh = k + (long)g * ksh, *vh = v + (long)g * vsh;
+    float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * D, sizeof(float));
+    float *inv = malloc(sizeof(float) * P);
+    int *cur = calloc(Q, sizeof(int)); /* per query: the next compact position (its heads see the same keys) */
+    /* scores of the keys a query sees only, in compact order (a key's score does not depend on
+     * which others are scored), block by block so a block's K rows serve every pair from L1 */
+    for (int jb = 0; jb < N; jb += KB)
+        for (int i = 0; i < Q; i++) {
+            const int *ip = idx + (long)i * stride, t0 = cur[i], t1 = block_end(ip, cnt[i], t0, jb + KB);
+            for (int h = 0; h < groups; h++) {
+                const float *qv = q + (long)(g * groups + h) * qsh + (long)i * qsi;
+                float *sp = S + (long)(i * groups + h) * stride;
+                for (int t = t0; t < t1; t += L) /* a last partial chunk writes zeros past t1: the next block overwrites them */
+                    scores16(qv, kh, ip + t, t1 - t < L ? t1 - t : L, D, scale, sp + t);
+            }
+            cur[i] = t1;
+        }
+    for (int p = 0; p < P; p++) inv[p] = softmax(S + (long)p * stride, cnt[p / groups]);
+    /* the same walk over V, the heads of a query together (each V row loaded once for them) */
+    const int hb = pv_heads(dl);
+    memset(cur, 0, sizeof(int) * Q);
+    for (int jb = 0; jb < N; jb += KB)
+        for (int i = 0; i < Q; i++) {
+            const int *ip = idx + (long)i * stride, p0 = i * groups, t1 = block_end(ip, cnt[i], cur[i], jb + KB);
+            for (int h = 0; h < groups; h += hb)
+                pv(vh, ip, S + (long)(p0 + h) * stride, stride, cur[i], t1, dl, groups - h < hb ? groups - h : hb,
+                   A + (long)(p0 + h) * D);
+            cur[i] = t1;
+        }
+    for (int p = 0; p < P; p++) {
+        const float *a = A + (long)p * D;
+        float *o = out + ((long)(p / groups) * H + g * groups + p % groups) * D;
+        const vf iv = vf_set(inv[p]);
+        for (int c = 0; c < dl; c++) vf_store(o + c * L, vf_mul(vf_load(a + c * L), iv));
+    }
+    free(S);
+    free(A);
+    free(inv);
+    free(cur);
+}
+
+/* q: query i of head h at q + h*qsh + i*qsi (D contiguous floats); kv head g's N rows of D floats
+ * at k + g*ksh, v + g*vsh (a cache buffer's prefix: no copy); allowed [Q, N] bytes or NULL (every
+ * key), out [Q, H, D]; head h reads kv head h / (H / Hkv). Work items: (kv head, a share of the
+ * queries), so that two threads split 3 kv heads evenly when there are several queries; a
+ * query's operations are the same whichever item computes it and whatever else the item holds. */
+static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, long ksh,
+                            const float *v, long vsh, int N, int Hkv, const uint8_t *allowed, float scale, float *out,
+                            int nthreads) {
     const long stride = N + 2 * L; /* per pair: scores (padded for the 16-key chunks) */
     int *idx = malloc(sizeof(int) * (long)Q * stride), *cnt = malloc(sizeof(int) * Q);
     for (int i = 0; i < Q; i++) {
@@ -214,48 +259,12 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
         for (int j = 0; j < N; j++)
             if (!allowed || allowed[(long)i * N + j]) idx[(long)i * stride + cnt[i]++] = j;
     }
+    const int parts = nthreads > 1 && Hkv % nthreads ? (Q < nthreads ? Q : nthreads) : 1;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
-    for (int g = 0; g < Hkv; g++) {
-        const float *kh = k + (long)g * ksh, *vh = v + (long)g * vsh;
-        float *S = malloc(sizeof(float) * P * stride), *A = calloc((size_t)P * D, sizeof(float));
-        float *inv = malloc(sizeof(float) * P);
-        int *cur = calloc(Q, sizeof(int)); /* per query: the next compact position (its heads see the same keys) */
-        /* pair p = i * groups + h: query i, head g * groups + h. Scores of the keys the query sees
-         * only, in compact order (a key's score does not depend on which others are scored), block
-         * by block so a block's K rows serve every pair from L1 */
-        for (int jb = 0; jb < N; jb += KB)
-            for (int i = 0; i < Q; i++) {
-                const int *ip = idx + (long)i * stride, t0 = cur[i], t1 = block_end(ip, cnt[i], t0, jb + KB);
-                for (int h = 0; h < groups; h++) {
-                    const float *qv = q + (long)(g * groups + h) * qsh + (long)i * qsi;
-                    float *sp = S + (long)(i * groups + h) * stride;
-                    for (int t = t0; t < t1; t += L) /* a last partial chunk writes zeros past t1: the next block overwrites them */
-                        scores16(qv, kh, ip + t, t1 - t < L ? t1 - t : L, D, scale, sp + t);
-                }
-                cur[i] = t1;
-            }
-        for (int p = 0; p < P; p++) inv[p] = softmax(S + (long)p * stride, cnt[p / groups]);
-        /* the same walk over V, the heads of a query together (each V row loaded once for them) */
-        const int hb = pv_heads(dl);
-        memset(cur, 0, sizeof(int) * Q);
-        for (int jb = 0; jb < N; jb += KB)
-            for (int i = 0; i < Q; i++) {
-                const int *ip = idx + (long)i * stride, p0 = i * groups, t1 = block_end(ip, cnt[i], cur[i], jb + KB);
-                for (int h = 0; h < groups; h += hb)
-                    pv(vh, ip, S + (long)(p0 + h) * stride, stride, cur[i], t1, dl, groups - h < hb ? groups - h : hb,
-                       A + (long)(p0 + h) * D);
-                cur[i] = t1;
-            }
-        for (int p = 0; p < P; p++) {
-            const float *a = A + (long)p * D;
-            float *o = out + ((long)(p / groups) * H + g * groups + p % groups) * D;
-            const vf iv = vf_set(inv[p]);
-            for (int c = 0; c < dl; c++) vf_store(o + c * L, vf_mul(vf_load(a + c * L), iv));
-        }
-        free(S);
-        free(A);
-        free(inv);
-        free(cur);
+    for (int w = 0; w < Hkv * parts; w++) {
+        const int g = w / parts, i0 = (int)((long)Q * (w % parts) / parts), i1 = (int)((long)Q * (w % parts + 1) / parts);
+        kv_head(g, q + (long)i0 * qsi, qsh, qsi, i1 - i0, H, D, k, ksh, v, vsh, N, Hkv, idx + (long)i0 * stride, cnt + i0,
+                stride, scale, out + (long)i0 * H * D);
     }
     free(idx);
     free(cnt);
