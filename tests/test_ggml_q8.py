@@ -10,7 +10,7 @@ from helpers import q4_tiny_model
 from test_ggml import assert_batch_invariant, gguf_weight
 
 from specbench.models import ggml, ggml_q8
-from specbench.models.attention import invariant_attention
+from specbench.models.attention import _rows, invariant_attention
 
 pytestmark = pytest.mark.skipif(ggml.compiler() is None, reason="no C compiler (cc/gcc)")
 
@@ -119,6 +119,7 @@ def test_invariant_attention_reads_the_cache_buffers_in_place():
     cache.keys[0][..., 60:, :] = cache.values[0][..., 60:, :] = float("nan")  # the unused tail
     key, value = cache.update(*torch.randn(2, 1, 3, n - 60, 32), 0)
     assert key.stride(1) == 120 * 32 and not key.is_contiguous()
+    assert _rows(key, 32).data_ptr() == key.data_ptr()  # what the kernel gets: the buffer itself
     query = torch.randn(1, 9, q, 32)
     causal = torch.ones(q, n, dtype=torch.bool).tril(n - q).view(1, 1, q, n)
     out = invariant_attention(Attn(), query, key, value, causal, scaling=0.2)

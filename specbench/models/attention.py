@@ -89,8 +89,8 @@ def invariant_attention(module, query, key, value, attention_mask, dropout: floa
     allowed = _allowed_cached(attention_mask, q, n)
     if allowed is False:
         return None
-    # rows of D floats at any head/query (query) or head (key, value) stride: the cache's buffers
-    # are read in place (KVCache hands out a prefix of a larger buffer: copying it cost ~12 us per
+    # the kernel takes rows of D floats at any stride between heads (and, for the query, between
+    # queries): KVCache's prefix of a larger buffer is read in place (copying it cost ~12 us per
     # layer at 200 cached tokens, growing with the context)
     qc = query[0] if query.stride(3) == 1 else query[0].contiguous()
     kc, vc = _rows(key, d), _rows(value, d)

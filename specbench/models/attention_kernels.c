@@ -274,8 +274,7 @@ static void attention_chunk(const float *q, long qsh, long qsi, int Q, int H, in
 
 /* the chunks of a long query (each query's result does not depend on the others) */
 void invariant_attention(const float *q, long qsh, long qsi, int Q, int H, int D, const float *k, long ksh, const float *v,
-                         long vsh, int N,
-                         int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
+                         long vsh, int N, int Hkv, const uint8_t *allowed, float scale, float *out, int nthreads) {
     for (int i = 0; i < Q; i += QCHUNK)
         attention_chunk(q + (long)i * qsi, qsh, qsi, Q - i < QCHUNK ? Q - i : QCHUNK, H, D, k, ksh, v, vsh, N, Hkv,
                         allowed ? allowed + (long)i * N : NULL, scale, out + (long)i * H * D, nthreads);
