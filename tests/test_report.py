@@ -177,6 +177,25 @@ def test_different_models_get_separate_tables(tmp_path):
     assert "model tiny-llama (EESD Table 1 layout)" in md and "model smollm2-135m (EESD Table 1 layout)" in md
 
 
+
+def test_table_a_headers_name_only_what_differs(tmp_path):
+    """Two sampling settings of one task: the headers say greedy / T=0.7, not the whole sampling
+    dict; the length and the no-op filters (top_k=0, top_p=1.0) go in the legend or nowhere."""
+    root = tmp_path / "runs"
+    make_run(root, task="humaneval", method="medusa", controller="fixed", name="greedy")
+    make_run(root, task="humaneval", method="medusa", controller="fixed", name="typical", temperature=0.7)
+    make_run(root, task="gsm8k", method="pld")
+    report([root], tmp_path / "rep")
+    md = (tmp_path / "rep" / "tables.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| Method | gsm8k HM"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells == ["Method", "gsm8k HM", "gsm8k Speedup", "humaneval (greedy) HM", "humaneval (greedy) Speedup",
+                     "humaneval (T=0.7) HM", "humaneval (T=0.7) Speedup"]
+    assert "Columns: gsm8k: max_new_tokens=16, greedy; humaneval (greedy): max_new_tokens=16, greedy; " \
+           "humaneval (T=0.7): max_new_tokens=16, T=0.7." in md
+    assert "temperature=" not in md and "T=T" not in md  # titles of (b)/(c) too
+
+
 def test_wilcoxon_p_equals_scipy(tmp_path):
     from scipy.stats import wilcoxon
 

@@ -118,6 +118,8 @@ def plot_vs_n(df, out, labels, written):
 
 
 def plot_position_acceptance(df, out, labels, written):
+    from matplotlib.ticker import MaxNLocator
+
     d = df[df["pos_rate"].map(lambda v: any(x is not None for x in v))]
     if d.empty:
         return _skip("acceptance_by_position", "no runs with drafting steps")
@@ -129,6 +131,7 @@ def plot_position_acceptance(df, out, labels, written):
                 pts = [(i + 1, r) for i, r in enumerate(h["pos_rate"]) if r is not None]
                 ax.plot([p for p, _ in pts], [r for _, r in pts], marker="osD^v<>"[j % 7], ls=["-", "--", ":", "-."][j % 4],
                         ms=5, alpha=0.85, label=h["label"])
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
             ax.set_xlabel("draft position (1 = first drafted token)")
             ax.set_ylabel("acceptance rate (accepted / drafted)")
             ax.set_ylim(-0.02, 1.02)

@@ -13,7 +13,6 @@ The Spec-Bench leaderboard tables (leaderboard.py) are `Table`s too and go throu
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,11 +49,45 @@ def _p(p, note=None):
     return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
 
 
-def setting_name(model, task, mnt, sampling) -> str:
+# sampling filters that leave the distribution unchanged: not worth a word in a label
+NO_FILTER = {"top_k": (0, None), "top_p": (1.0, None)}
+
+
+def sampling_name(sampling) -> str:
+    """'greedy', or 'T=0.7' plus only the filters that do something ('T=0.7, top_p=0.9')."""
     s = json.loads(sampling) if sampling else {}
     t = s.get("temperature", 0.0)
-    samp = "greedy" if not t else "T=" + ", ".join(f"{k}={v}" for k, v in s.items())
-    return f"{task}, max_new_tokens={mnt}, {samp}"
+    if not t:
+        return "greedy"
+    extra = [f"{k}={v}" for k, v in s.items() if k != "temperature" and v not in NO_FILTER.get(k, ())]
+    return ", ".join([f"T={t}"] + extra)
+
+
+def setting_name(model, task, mnt, sampling) -> str:
+    return f"{task}, max_new_tokens={mnt}, {sampling_name(sampling)}"
+
+
+def column_names(settings: list[tuple]) -> dict[tuple, str]:
+    """Short column names for table (a): the task, plus only what tells apart that task's settings
+    (the sampling or the length), so headers stay readable; the rest goes in the legend."""
+    names = {}
+    for s in settings:
+        same_task = [o for o in settings if o[1] == s[1]]
+        parts = []
+        if len({o[2] for o in same_task}) > 1:
+            parts.append(f"{s[2]} tokens")
+        if len({sampling_name(o[3]) for o in same_task}) > 1:
+            parts.append(sampling_name(s[3]))
+        names[s] = s[1] + (f" ({', '.join(parts)})" if parts else "")
+    return names
+
+
+def settings_legend(settings: list[tuple], names: dict[tuple, str]) -> str:
+    """One line saying what length and sampling every column of table (a) ran with."""
+    full = {s: f"max_new_tokens={s[2]}, {sampling_name(s[3])}" for s in settings}
+    if len(set(full.values())) == 1:
+        return f"All columns: {next(iter(full.values()))}."
+    return "Columns: " + "; ".join(f"{names[s]}: {full[s]}" for s in settings) + "."
 
 
 @dataclass
@@ -70,10 +103,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
     # (a) method x task (EESD Table 1): one table per model; one column pair per task setting
     for model, dm in df.groupby("model", sort=True):
         settings = list(dict.fromkeys(dm["setting"]))
-        tasks_count = defaultdict(int)
-        for s in settings:
-            tasks_count[s[1]] += 1
-        col_names = {s: (s[1] if tasks_count[s[1]] == 1 else setting_name(*s)) for s in settings}
+        col_names = column_names(settings)
         header = ["Method"] + [h for s in settings for h in (f"{col_names[s]} HM", f"{col_names[s]} Speedup")]
         rows = []
         for label in sorted(dm["label"].unique(), key=natural_key):
@@ -91,6 +121,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
                 f"(a) HM and speedup by method and task, model {model} (EESD Table 1 layout)",
                 header,
                 rows,
+                settings_legend(settings, col_names) + " "
                 "HM: harmonic mean of v_d and r_d (x100). Speedup: method tokens/s over AR tokens/s measured in the "
                 "same run (pooled over samples); ± is the std over repeats (seeds) where there are several; [lo, hi]: "
                 "95% bootstrap CI over samples (all repeats pooled); n: samples behind the cell.",
