@@ -194,6 +194,19 @@ def test_table_a_headers_name_only_what_differs(tmp_path):
     assert "Columns: gsm8k: max_new_tokens=16, greedy; humaneval (greedy): max_new_tokens=16, greedy; " \
            "humaneval (T=0.7): max_new_tokens=16, T=0.7." in md
     assert "temperature=" not in md and "T=T" not in md  # titles of (b)/(c) too
+    # table (c): no column for transformers' generate where no run spent time in it
+    assert "| Method | Prefill | Drafting | Verification | Sampling (control) | Other | Total |" in md
+    assert "transformers generate" not in md
+
+
+def test_table_c_shows_transformers_generate_where_a_run_used_it(tmp_path):
+    d, _ = make_run(tmp_path / "runs", method="hf_assisted", controller="fixed")
+    summary = json.loads((d / "summary.json").read_text())
+    summary["method"]["times"]["hf_generate"] = summary["method"]["wall"]
+    (d / "summary.json").write_text(json.dumps(summary))
+    report([tmp_path / "runs"], tmp_path / "rep")
+    md = (tmp_path / "rep" / "tables.md").read_text()
+    assert "| Other | transformers generate (not broken down) | Total |" in md
 
 
 def test_wilcoxon_p_equals_scipy(tmp_path):

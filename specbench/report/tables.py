@@ -90,6 +90,15 @@ def settings_legend(settings: list[tuple], names: dict[tuple, str]) -> str:
     return "Columns: " + "; ".join(f"{names[s]}: {full[s]}" for s in settings) + "."
 
 
+# the paper's columns; the phases after them (e.g. transformers' own generate) only where a run has them
+PAPER_PHASES = 5
+
+
+def shown_phases(ds: pd.DataFrame) -> list[tuple[str, str]]:
+    """Table (c)'s phase columns: the paper's always, an extra one only if some run spent time in it."""
+    return PHASES[:PAPER_PHASES] + [(p, n) for p, n in PHASES[PAPER_PHASES:] if any(num(v) for v in ds[f"t_{p}"])]
+
+
 @dataclass
 class Table:
     title: str
@@ -154,11 +163,12 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
                 "Samples: per run (one number per repeat). Speedup [lo, hi]: 95% bootstrap CI over samples.",
             )
         )
+        phases = shown_phases(ds)
         rows = []
         for _, h in ds.iterrows():
             total = sum(h[f"t_{p}"] or 0 for p, _ in PHASES)
             cells = [h["label"]]
-            for p, _ in PHASES:
+            for p, _ in phases:
                 v = h[f"t_{p}"] or 0.0
                 cells.append(f"{v:.3f}s ({100 * v / total:.0f}%)" if total else f"{v:.3f}s")
             cells.append(_f(h["t_wall"], ".3f", "s"))
@@ -166,7 +176,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
         tables.append(
             Table(
                 f"(c) Time breakdown of the method, model {model}, {name} (EESD Table 8 layout)",
-                ["Method"] + [n for _, n in PHASES] + ["Total"],
+                ["Method"] + [n for _, n in phases] + ["Total"],
                 rows,
                 "Seconds summed over all samples of a run (mean over repeats). Sampling (control) is the controller's "
                 "time (the paper's 'Sampling' column: Thompson sampling / threshold updates); Other is wall time no "
