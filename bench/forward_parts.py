@@ -9,7 +9,7 @@ rotary, residuals, the cache, Python). The hooks cost a few microseconds per cal
 every k, which would make T(k)/T(1) look flatter than it is: so each round also times the same
 forward without hooks, and T(k)/T(1) is computed from that plain forward ("hooks ms" is what
 the hooks added). Backends and k interleaved round by round; medians over rounds. This is the
-split behind the README's T(8)/T(1) argument: what grows with k, and by how much.
+split behind docs/cpu-backends.md's T(8)/T(1) argument: what grows with k, and by how much.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's per-suite table, read from a suite's run directories (bench/bench.py --out DIR).
+"""The per-suite table of the README and docs/measurements.md, read from a suite's run directories (bench/bench.py --out DIR).
 
     python bench/suite_table.py results/bench/selfdraft results/bench/heads
 

@@ -53,7 +53,7 @@ class BetaTS(Controller):
         r = a - 1 (-1 when nothing is accepted), n = min(a + 1, k). alpha is kept >= ALPHA_FLOOR so
         the posterior stays a Beta; it collapses towards 0 whatever theta (tests/test_controllers.py).
     The algorithm's two readings disagree with each other and with its own Bernoulli model; the
-    default is the reading consistent with that model (README, "Draft-length controllers").
+    default is the reading consistent with that model (docs/methods.md, "Draft-length controllers").
 
     The posterior persists across the rounds of a sequence; `reset_per_sequence` (default True)
     restarts it from the prior Beta(alpha0, beta0) at each new sequence, False keeps it across samples.
