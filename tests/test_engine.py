@@ -275,3 +275,18 @@ def test_phase_timer_exception_still_charges():
     out = t.stop()
     assert out["verify"] >= 0.01
     assert not t._stack
+
+
+def test_adapter_layer_calls_raise_no_deprecation_warning():
+    """Our own layer calls use the kwarg names of the installed transformers (5.24 renamed the
+    cache's `past_key_values` to `cache` and warns on the old one): a default run prints nothing
+    a user must ignore. Both paths: whole layers, and attention alone (a skipped MLP)."""
+    import warnings
+
+    target = tiny_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = target.new_cache()
+        target.forward([1, 2, 3], cache)
+        target.forward([4], cache, skip=LayerSkip(mlp=frozenset({0})))
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
