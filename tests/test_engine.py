@@ -9,6 +9,7 @@ from helpers import tiny_model
 from specbench.engine.cache import KVCache
 from specbench.engine.timer import PhaseTimer
 from specbench.models import LayerSkip
+from specbench.models.adapter import cache_kwarg
 
 
 @pytest.fixture(autouse=True)
@@ -214,7 +215,8 @@ def test_layerskip_mlp_only_matches_manual(m):
     pos = torch.arange(len(PROMPT)).view(1, -1)
     pe = m.rotary_emb(h, pos)
     mask = m._mask(0, len(PROMPT), None, h.dtype, h.device)
-    attn, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask, past_key_values=c2)
+    attn, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask,
+                          **{cache_kwarg(type(layer.self_attn)): c2})
     ref = m.head(h + attn)[0]
     assert torch.allclose(out, ref, rtol=0, atol=1e-10)
 
