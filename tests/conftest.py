@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -10,18 +11,16 @@ REPO = Path(__file__).resolve().parents[1]
 # a few records of each task, shipped with the tests (tests/data/README.md: sources, licenses):
 # the tests need nothing outside the checkout, and read the same data on every machine
 FIXTURES = REPO / "tests" / "data"
+# code that finds its data through SPECBENCH_DATA_DIR (runs, training, CLI subprocesses) reads the
+# fixtures too, whatever the caller's environment (the Makefile exports ../shared/data for runs);
+# set at import, so module- and session-scoped fixtures see it as well
+os.environ["SPECBENCH_DATA_DIR"] = str(FIXTURES)
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return FIXTURES
 
-
-@pytest.fixture(autouse=True)
-def _fixture_data(monkeypatch):
-    """Code that finds its data through SPECBENCH_DATA_DIR (runs, training) reads the fixtures
-    too, whatever the caller's environment (the Makefile exports ../shared/data for runs)."""
-    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(FIXTURES))
 
 
 @pytest.fixture(autouse=True)
