@@ -22,7 +22,6 @@ def data_dir() -> Path:
     return FIXTURES
 
 
-
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     """Every test starts with an empty artifact cache of its own (never the user's ~/.cache)."""
