@@ -125,7 +125,8 @@ def shared_cores(records: list[dict], measure: dict | None = None, on_cpu: bool 
     for key in SYSTEMS if on_cpu else ():
         floor = float(c["min_cpu_per_thread"]) * threads
         if cpu[key] is not None and cpu[key] < floor:
-            reasons.append(f"{'AR' if key == 'ar' else 'method'} CPU/wall {cpu[key]:.2f} < {floor:.2f} ({threads} threads)")
+            reasons.append(f"{'AR' if key == 'ar' else 'method'} CPU/wall {cpu[key]:.3f} < {floor:.2f} "
+                           f"({threads} thread{'' if threads == 1 else 's'})")
     return {"shared": bool(reasons), "reasons": reasons, "loadavg_1m_median": load, "cores": cores,
             "threads": threads, "cpu_per_wall_median": cpu, "thresholds": c, "checked_cpu": on_cpu}
 

@@ -32,7 +32,7 @@ def test_load_above_the_usable_cores_flags_the_run():
 
 def test_cpu_well_under_the_threads_flags_the_run_on_cpu_only():
     s = shared_cores([rec(cpu_m=0.56)] * 3)  # the CPU/wall 0.56 at 2 threads
-    assert s["shared"] and s["reasons"] == ["method CPU/wall 0.56 < 1.00 (2 threads)"]
+    assert s["shared"] and s["reasons"] == ["method CPU/wall 0.560 < 1.00 (2 threads)"]
     assert not shared_cores([rec(cpu_m=0.56)] * 3, on_cpu=False)["shared"]  # a GPU run's host thread waits
     assert not shared_cores([rec(cpu_ar=0.9, cpu_m=0.9, threads=1)] * 3)["shared"]
 
