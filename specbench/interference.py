@@ -15,7 +15,13 @@ took and whether it is still spiked (`interference.spiked`: then it is flagged, 
 
 Each record also carries the machine's load while it ran: the 1-minute load average and the
 process's CPU time over wall time (well below the thread count: the process was waiting for
-the CPU).
+the CPU), for the sample and for each system (AR, the method) alone.
+
+Spikes against the run's own medians cannot see a run that was loaded from start to end: its
+medians are slow too. `shared_cores` judges the whole run from those load figures instead: a
+median load average above `max_load_per_core` x the usable cores, or a system's median CPU/wall
+below `min_cpu_per_thread` x torch's threads (CPU runs only: a GPU run's host thread waits for
+the device), says other work shared the run's cores; the summary and the report flag it.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+import torch
 
 from specbench.engine.timer import PhaseTimer
 from specbench.metrics.steps import StepStats
 
 SYSTEMS = ("ar", "method")
+T = TypeVar("T")
 
 
 class StepHistory:
@@ -69,15 +79,56 @@ def sample_excess(history: StepHistory, rec: dict) -> dict[str, float | None]:
     return {key: history.excess(key, rec[key]) for key in SYSTEMS}
 
 
-def measure_load(fn: Callable[[], dict]) -> tuple[dict, dict]:
-    """fn() and the load while it ran."""
+def usable_cores() -> int:
+    """CPUs this process may run on (a container or taskset can allow fewer than the machine has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def measure_load(fn: Callable[[], T]) -> tuple[T, dict]:
+    """fn() and the load while it ran (the load average is read at the end: it trails by ~1 min)."""
     clock = PhaseTimer("cpu").now
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cpu0, t0 = time.process_time(), clock()
     rec = fn()
     cpu, wall = time.process_time() - cpu0, clock() - t0
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return rec, {"loadavg_1m": load, "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
-                 "cpu_per_wall": round(cpu / wall, 3) if wall > 0 else None}
+                 "cpu_per_wall": round(cpu / wall, 3) if wall > 0 else None,
+                 "cores": usable_cores(), "threads": torch.get_num_threads()}
+
+
+# thresholds of the whole-run check; conf/config.yaml's measure group sets them (these: its values)
+SHARED_DEFAULTS = {"max_load_per_core": 1.0, "min_cpu_per_thread": 0.5}
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def shared_cores(records: list[dict], measure: dict | None = None, on_cpu: bool = True) -> dict | None:
+    """Did other work share this run's cores? From the per-system load of every sample (None:
+    the records carry none, e.g. runs recorded before it was kept)."""
+    c = SHARED_DEFAULTS | {k: v for k, v in dict(measure or {}).items() if k in SHARED_DEFAULTS}
+    loads = {key: [r[key]["load"] for r in records if (r.get(key) or {}).get("load")] for key in SYSTEMS}
+    every = loads["ar"] + loads["method"]
+    if not every:
+        return None
+    load = _median(x["loadavg_1m"] for x in every)
+    cores, threads = min(x["cores"] for x in every), max(x["threads"] for x in every)
+    cpu = {key: _median(x["cpu_per_wall"] for x in ls) for key, ls in loads.items()}
+    reasons = []
+    if load is not None and load > float(c["max_load_per_core"]) * cores:
+        reasons.append(f"load average {load:.2f} > {float(c['max_load_per_core']):g} x {cores} usable cores")
+    for key in SYSTEMS if on_cpu else ():
+        floor = float(c["min_cpu_per_thread"]) * threads
+        if cpu[key] is not None and cpu[key] < floor:
+            reasons.append(f"{'AR' if key == 'ar' else 'method'} CPU/wall {cpu[key]:.3f} < {floor:.2f} "
+                           f"({threads} thread{'' if threads == 1 else 's'})")
+    return {"shared": bool(reasons), "reasons": reasons, "loadavg_1m_median": load, "cores": cores,
+            "threads": threads, "cpu_per_wall_median": cpu, "thresholds": c, "checked_cpu": on_cpu}
 
 
 def run_checked(measure: Callable[[], dict], history: StepHistory, spike_factor: float = 1.5,

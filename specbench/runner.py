@@ -23,7 +23,7 @@ from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
 from specbench.errors import SpecBenchError
 from specbench.firstuse import ensure_trained
-from specbench.interference import StepHistory, run_checked
+from specbench.interference import StepHistory, measure_load, run_checked, shared_cores
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
@@ -113,8 +113,10 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         order.append(("base", base))
     results = {}
     for key, m in order:
-        gens, replies = run_generation(m, sample, tokenizer, max_new or int(cfg.max_new_tokens), seed)
+        generate = lambda: run_generation(m, sample, tokenizer, max_new or int(cfg.max_new_tokens), seed)  # noqa: E731
+        (gens, replies), load = measure_load(generate)
         rec = summarize_system(gens)
+        rec["load"] = load  # per system: whether this system's time shared the cores (shared_cores)
         rec["tokens"] = [g.tokens for g in gens]
         rec["text"] = replies
         rec["quality"] = task.score(sample, replies)
@@ -210,6 +212,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         done = run_dir.done()
         records = [done[s.id] for s in samples if s.id in done]
         summary = aggregate(records, costs, ci=measure.get("ci"))
+        if contention := shared_cores(records, measure, on_cpu=target.device.type == "cpu"):
+            summary["shared_cores"] = contention
         summary["meta"] = meta
         run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
     finally:

@@ -33,6 +33,8 @@ What the paper fixes and what we chose where it leaves things open:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import sys
 import time
@@ -92,6 +94,26 @@ def params_from_skip(skip, num_layers: int) -> dict:
     return p | {f"mlp_{i:03d}": int(i in skip.mlp) for i in range(num_layers)}
 
 
+def open_study(progress_file: Path | None, sampler, setting: list):
+    """A new study, or (with `progress_file`) the stored one of this exact setting."""
+    import optuna
+
+    if progress_file is None:
+        return optuna.create_study(direction="minimize", sampler=sampler)
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha1(json.dumps(setting, default=str).encode()).hexdigest()[:16]
+    storage = JournalStorage(JournalFileBackend(str(progress_file)))
+    return optuna.create_study(direction="minimize", sampler=sampler, storage=storage, study_name=name, load_if_exists=True)
+
+
+def progress_path(result: Path) -> Path:
+    """Where a search writing `result` keeps its finished trials until it is done."""
+    return Path(result).with_name(Path(result).stem + ".progress.jsonl")
+
+
 def time_per_token(method, prompts: list[list[int]], max_new_tokens: int, eos_ids, seed: int) -> tuple[float, dict]:
     """Mean wall seconds per generated token over the prompts (total time / total tokens)."""
     wall = tokens = drafted = accepted = 0
@@ -117,9 +139,13 @@ def search_skip_set(
     progress: bool = False,
     prompt_ids: list[str] | None = None,
     enqueue_heuristic: bool = True,
+    progress_file: Path | None = None,
 ) -> dict:
     """Bayesian optimisation of the skip set (minimise seconds per generated token). Returns the
-    result record (see `save_result`); `skip` holds the best trial's attn/mlp lists."""
+    result record (see `save_result`); `skip` holds the best trial's attn/mlp lists.
+    `progress_file`: every finished trial is appended there, and a search of the same setting
+    (model, prompts, k, max_new_tokens, seed, sampler) started again runs only the trials still
+    missing, so an interrupted search loses at most the trial it was in."""
     import optuna
     from tqdm import tqdm
 
@@ -161,10 +187,14 @@ def search_skip_set(
         opt_sampler = optuna.samplers.GPSampler(seed=int(seed))
     else:
         opt_sampler = optuna.samplers.TPESampler(seed=int(seed))
-    study = optuna.create_study(direction="minimize", sampler=opt_sampler)
-    if enqueue_heuristic:
+    study = open_study(progress_file, opt_sampler, [model_key(target), prompts, k, max_new_tokens, seed, sampler])
+    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if done:
+        print(f"self_sd skip search: resuming, {done} of {iterations} trials done before ({progress_file})")
+    elif enqueue_heuristic:
         study.enqueue_trial(params_from_skip(heuristic_skip(n), n))
-    bar = tqdm(total=int(iterations), desc="self_sd skip search", unit="trial", disable=not progress)
+    bar = tqdm(total=int(iterations), initial=min(done, int(iterations)), desc="self_sd skip search", unit="trial",
+               disable=not progress)
 
     def callback(study, trial):
         bar.update(1)
@@ -173,7 +203,8 @@ def search_skip_set(
                         best_acc=best.user_attrs.get("acceptance"))
 
     try:
-        study.optimize(objective, n_trials=int(iterations), callbacks=[callback])
+        if int(iterations) > done:
+            study.optimize(objective, n_trials=int(iterations) - done, callbacks=[callback])
     finally:
         bar.close()
     best = study.best_trial
@@ -279,13 +310,14 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(int(cfg.threads))
     target = load_model(cfg.model)
     prompts, ids = gsm8k_train_prompts(cfg.task, target.tokenizer, opts["num_prompts"], opts["seed"])
+    out = opts["out"] or result_path(cfg.method.skip.get("cache_dir"), model_key(target))
     result = search_skip_set(
         target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], k=opts["k"],
         seed=opts["seed"], sampler=str(opts["sampler"]), progress=bool(opts["progress"]), prompt_ids=ids,
+        progress_file=progress_path(out),
     )
-
-    out = opts["out"] or result_path(cfg.method.skip.get("cache_dir"), model_key(target))
     path = save_result(result, out)
+    progress_path(out).unlink(missing_ok=True)  # done: a later search starts afresh
     ar, best = result["ar_objective"], result["objective"]
     print(
         f"best skip set ({len(result['skip']['attn'])} attention, {len(result['skip']['mlp'])} MLP sub-layers of "

@@ -133,7 +133,18 @@ def _ci_text(s: dict) -> str:
     ci = s.get("speedup_ci")
     if not ci:
         return f"n={s['samples']}, no CI"
-    return f"{100 * s['ci_level']:.0f}% CI {ci[0]:.3f}-{ci[1]:.3f}, n={s['samples']}"
+    shared = ", on shared cores" if (s.get("shared_cores") or {}).get("shared") else ""
+    return f"{100 * s['ci_level']:.0f}% CI {ci[0]:.3f}-{ci[1]:.3f}, n={s['samples']}{shared}"
+
+
+def _shared_lines(s: dict) -> list[str]:
+    """The whole-run load check (interference.shared_cores): a run that shared its cores from
+    start to end has no spikes against its own medians, so it is said here."""
+    sc = s.get("shared_cores") or {}
+    if not sc.get("shared"):
+        return []
+    return [f"warning: the run shared its cores ({'; '.join(sc['reasons'])}): its timings, speedup and CI "
+            "are not a quiet machine's; run again with the cores to itself (python -m specbench.calibrate checks)"]
 
 
 def _measurement_lines(s: dict, meta: dict) -> list[str]:
@@ -156,6 +167,7 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
             f"interference: {inter['remeasured']} sample(s) re-measured, {inter['spiked']} still spiked (flagged)   "
             f"load avg {_fmt(inter['loadavg_1m_median'], '.2f')}   CPU/wall {_fmt(inter['cpu_per_wall_median'], '.2f')}"
         )
+    lines += _shared_lines(s)
     if s.get("ci_wide"):
         lines.append(f"warning: the CI spans {100 * s['ci_rel_width']:.0f}% of the speedup: "
                      "more samples or a quieter machine (python -m specbench.calibrate checks)")

@@ -8,15 +8,18 @@ import torch
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
+# a few records of each task, shipped with the tests (tests/data/README.md: sources, licenses):
+# the tests need nothing outside the checkout, and read the same data on every machine
+FIXTURES = REPO / "tests" / "data"
+# code that finds its data through SPECBENCH_DATA_DIR (runs, training, CLI subprocesses) reads the
+# fixtures too, whatever the caller's environment (the Makefile exports ../shared/data for runs);
+# set at import, so module- and session-scoped fixtures see it as well
+os.environ["SPECBENCH_DATA_DIR"] = str(FIXTURES)
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The shared evaluation data (../shared/data beside the repo, or SPECBENCH_DATA_DIR)."""
-    d = Path(os.environ.get("SPECBENCH_DATA_DIR", REPO.parent / "shared" / "data"))
-    if not d.is_dir():
-        pytest.fail(f"evaluation data not found at {d}; set SPECBENCH_DATA_DIR")
-    return d
+    return FIXTURES
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from helpers import tiny_model
 from specbench.engine.cache import KVCache
 from specbench.engine.timer import PhaseTimer
 from specbench.models import LayerSkip
+from specbench.models.adapter import cache_kwarg
 
 
 @pytest.fixture(autouse=True)
@@ -214,7 +215,8 @@ def test_layerskip_mlp_only_matches_manual(m):
     pos = torch.arange(len(PROMPT)).view(1, -1)
     pe = m.rotary_emb(h, pos)
     mask = m._mask(0, len(PROMPT), None, h.dtype, h.device)
-    attn, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask, past_key_values=c2)
+    attn, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask,
+                          **{cache_kwarg(type(layer.self_attn)): c2})
     ref = m.head(h + attn)[0]
     assert torch.allclose(out, ref, rtol=0, atol=1e-10)
 
@@ -275,3 +277,18 @@ def test_phase_timer_exception_still_charges():
     out = t.stop()
     assert out["verify"] >= 0.01
     assert not t._stack
+
+
+def test_adapter_layer_calls_raise_no_deprecation_warning():
+    """Our own layer calls use the kwarg names of the installed transformers (5.24 renamed the
+    cache's `past_key_values` to `cache` and warns on the old one): a default run prints nothing
+    a user must ignore. Both paths: whole layers, and attention alone (a skipped MLP)."""
+    import warnings
+
+    target = tiny_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = target.new_cache()
+        target.forward([1, 2, 3], cache)
+        target.forward([4], cache, skip=LayerSkip(mlp=frozenset({0})))
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []

@@ -154,6 +154,32 @@ def test_search_writes_a_result_the_method_uses(tmp_path):
     assert m.generate([9, 8, 7], 20, EOS, 0).tokens == ar_tokens([9, 8, 7], 20)
 
 
+def test_interrupted_search_keeps_its_finished_trials(tmp_path, monkeypatch):
+    import specbench.skipsearch as ss
+
+    real, calls = ss.time_per_token, []
+
+    def timed(*a, **kw):  # call 1: the AR reference; then one per trial
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ss, "time_per_token", timed)
+    progress = ss.progress_path(tmp_path / "skip.json")
+    args = dict(iterations=4, max_new_tokens=6, k=2, seed=0, sampler="tpe", progress_file=progress)
+    stop_at = 4  # interrupted in the third trial: two finished
+    with pytest.raises(KeyboardInterrupt):
+        search_skip_set(tiny(), [[5, 6, 7]], **args)
+    calls.clear()
+    stop_at = None
+    result = search_skip_set(tiny(), [[5, 6, 7]], **args)
+    assert len(calls) == 1 + 2 and len(result["trials"]) == 4  # only the two missing trials ran
+    calls.clear()
+    other = search_skip_set(tiny(), [[5, 6, 8]], **args)  # another setting: its own trials, none mixed in
+    assert len(calls) == 1 + 4 and len(other["trials"]) == 4
+
+
 def test_search_gp_sampler():
     pytest.importorskip("scipy")
     result = search_skip_set(tiny(), [[5, 6, 7]], iterations=3, max_new_tokens=6, k=2, seed=1, sampler="gp")

@@ -52,6 +52,7 @@ def test_missing_data_names_every_place(name, file, tmp_path, no_hub):
     msg = str(e.value)
     assert "\n" not in msg and f"no data for task '{name}" in msg
     assert str(tmp_path / file) in msg and "hub " in msg
+    assert "Set SPECBENCH_DATA_DIR" in msg and "HF_DATASETS_OFFLINE=0" in msg  # what to do about it
 
 
 def test_hub_fails_fast_offline(tmp_path, monkeypatch):

@@ -10,6 +10,8 @@ file. Llama, Qwen2 and Mistral share this structure (`model.model.layers`, `.nor
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +27,13 @@ class LayerSkip:
 
     attn: frozenset[int] = frozenset()
     mlp: frozenset[int] = frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def cache_kwarg(module_type: type) -> str:
+    """The name a layer's forward takes the KV cache by: transformers 5.24 renamed
+    `past_key_values` to `cache` and warns on the old name; earlier 5.x has only the old one."""
+    return "cache" if "cache" in inspect.signature(module_type.forward).parameters else "past_key_values"
 
 
 def layer_device(module: nn.Module) -> torch.device | None:
@@ -190,13 +199,15 @@ class ModelAdapter:
 
     def _call_layer(self, layer, idx, hidden, cache, pos_emb, mask):
         self._redirect(layer, idx)
-        out = layer(hidden, attention_mask=mask, past_key_values=cache, use_cache=True, position_embeddings=pos_emb)
+        out = layer(hidden, attention_mask=mask, use_cache=True, position_embeddings=pos_emb,
+                    **{cache_kwarg(type(layer)): cache})
         return out[0] if isinstance(out, tuple) else out
 
     def _call_attn(self, layer, idx, normed, cache, pos_emb, mask):
         self._redirect(layer, idx)
         return layer.self_attn(
-            hidden_states=normed, position_embeddings=pos_emb, attention_mask=mask, past_key_values=cache
+            hidden_states=normed, position_embeddings=pos_emb, attention_mask=mask,
+            **{cache_kwarg(type(layer.self_attn)): cache},
         )
 
     @staticmethod

@@ -212,6 +212,7 @@ def group_frame(groups: list[Group], baseline: str | None) -> pd.DataFrame:
             "speedup": sp_mean,
             "speedup_std": sp_std,
             "speedup_ci": g.speedup_ci(),
+            "shared_cores": any((r.summary.get("shared_cores") or {}).get("shared") for r in g.runs),
             "n": sum(r.n_samples for r in g.runs),
             "v_d": g.mean(lambda r: _acc(r, "v_d")),
             "r_d": g.mean(lambda r: _acc(r, "r_d")),

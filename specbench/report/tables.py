@@ -40,7 +40,9 @@ def _speed_cell(h) -> str:
     """Speedup with its bootstrap CI and the number of samples behind it."""
     ci = h["speedup_ci"]
     ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, tuple) else ""
-    return _speed(h["speedup"], h["speedup_std"]) + ci_text + f" n={h['n']}"
+    # a run that shared its cores (interference.shared_cores): its figures are not a quiet machine's
+    shared = " (shared cores)" if h.get("shared_cores") else ""
+    return _speed(h["speedup"], h["speedup_std"]) + ci_text + shared + f" n={h['n']}"
 
 
 def _p(p, note=None):

@@ -87,6 +87,11 @@ class Task:
         return {}
 
 
+# what a user without the data can do (a fresh clone has no ../shared/data beside it)
+DATA_HINT = ("Set SPECBENCH_DATA_DIR (or task.data_dir) to a data folder (docs/data.md), "
+             "or HF_DATASETS_OFFLINE=0 to download the task from the hub")
+
+
 def first_available(task: str, loaders: list[tuple[str, Callable[[], Any]]]):
     """Try each (description, loader) in turn; one error naming every place tried if all fail."""
     tried = []
@@ -99,7 +104,8 @@ def first_available(task: str, loaders: list[tuple[str, Callable[[], Any]]]):
         if result is not None:
             return result
         tried.append(f"{where} (not found)")
-    raise SpecBenchError(f"no data for task {task!r}; looked in: " + "; ".join(tried))
+    raise SpecBenchError(f"no data for task {task!r}; looked in: " + "; ".join(tried) + f". {DATA_HINT}")
+
 
 
 def read_jsonl(path: Path) -> list[dict] | None:

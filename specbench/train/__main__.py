@@ -13,11 +13,15 @@ import torch
 
 from specbench.config import check_choices, compose, fail, validate
 from specbench.errors import SpecBenchError, choice_error
+from specbench.help import train_help, wants_help
 from specbench.models import load_model
 from specbench.train.session import TRAINERS, train_model
 
 
 def main(argv: list[str]) -> None:
+    if wants_help(argv):
+        print(train_help(sorted(TRAINERS)))
+        return
     check_choices(argv)
     try:
         cfg = compose(argv)

@@ -39,7 +39,8 @@ def read_train_split(data_dir: str | Path | None) -> list[dict]:
         raise SpecBenchError("training needs the GSM8K train split: set SPECBENCH_DATA_DIR (or task.data_dir)")
     path = Path(data_dir) / "gsm8k" / "train.jsonl"
     if not path.is_file():
-        raise SpecBenchError(f"GSM8K train split not found at {path}")
+        raise SpecBenchError(f"GSM8K train split not found at {path}; set SPECBENCH_DATA_DIR (or task.data_dir) "
+                             "to a data folder holding gsm8k/train.jsonl (docs/data.md)")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from specbench.artifacts import skip_result_path
 from specbench.config import CONF_DIR
 from specbench.methods.self_sd import model_key
-from specbench.skipsearch import gsm8k_train_prompts, save_result, search_skip_set
+from specbench.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
 from specbench.train.parts import Part, first_use
 
 
@@ -17,9 +17,12 @@ def search(cfg, target, path) -> None:
     s = cfg.train.first_use.skip_search
     task = OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / "gsm8k.yaml"), {"data_dir": cfg.task.get("data_dir")})
     prompts, ids = gsm8k_train_prompts(task, target.tokenizer, int(s.num_prompts), int(cfg.seed))
+    # an interrupted first-use search resumes from its finished trials next time
     result = search_skip_set(target, prompts, iterations=int(s.iterations), max_new_tokens=int(s.max_new_tokens),
-                             k=int(s.k), seed=int(cfg.seed), sampler=str(s.sampler), progress=True, prompt_ids=ids)
+                             k=int(s.k), seed=int(cfg.seed), sampler=str(s.sampler), progress=True, prompt_ids=ids,
+                             progress_file=progress_path(path))
     save_result(result | {"model_key": model_key(target), "first_use": True}, path)
+    progress_path(path).unlink(missing_ok=True)
 
 
 def search_minutes(fcfg) -> float:
