@@ -181,9 +181,14 @@ class SpeculativeMethod(ARMethod):
             logits, hidden = self.prefill(self.tokens)
             self.cache.crop(len(prompt))  # a prefill may run more than the prompt (SPACE's masks)
             self.target_hidden = hidden[-1]
-            tok = next_token(logits[-1], self.sampling, self.gen)
+            tok = self.first_token(logits[-1])
         self.tokens.append(tok)
         return tok
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        """The sequence's first new token, from the prefill's logits (a method whose paper picks it
+        otherwise overrides this: Medusa's typical acceptance takes it greedily)."""
+        return next_token(logits, self.sampling, self.gen)
 
     def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Target logits and final hidden state at the prompt's last position; draft state set up."""

@@ -13,7 +13,9 @@ entries, and keeps the hidden state of the path's last node, which the heads rea
 
 Acceptance (`acceptance`): `auto` = greedy verification at temperature 0, lossless tree
 rejection sampling otherwise (engine/tree.py); `typical` = the paper's typical acceptance
-(3.3.1; lossy: `lossless` is False so results are labelled).
+(3.3.1; lossy: `lossless` is False so results are labelled), with the sequence's first token
+(the prefill's, also a later turn's) and every step's own token taken greedily, as the paper and
+the authors' code do.
 
 StepResult.n_drafted is the tree's depth (the longest candidate a step can accept), so the
 acceptance rate is accepted / depth.
@@ -223,6 +225,14 @@ class Medusa(SpeculativeMethod):
 
     def verify_widths(self) -> list[int]:
         return [len(self.tree)]
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        # typical acceptance: "greedy decoding for the first token" (3.3.1); the authors'
+        # generate_candidates takes the argmax of the prefill's logits too, at every temperature.
+        # Each later step's own token is greedy already (engine/tree.py, verify_tree_typical).
+        if self.acceptance == "typical":
+            return int(logits.argmax(-1))
+        return super().first_token(logits)
 
     def head_logits(self, d: int, h: torch.Tensor) -> torch.Tensor:
         """Head d's draft logits: the full vocabulary, or -inf outside method.draft_vocab's subset."""
