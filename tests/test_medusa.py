@@ -82,7 +82,10 @@ def test_sparse_tree_config():
     target = tiny_model()
     m = build("medusa", target, method_cfg("medusa", allow_untrained=True, tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]]))
     assert len(m.tree) == 6
-    assert m.generate([9, 10, 11], 12, frozenset(), 0).tokens == ar_tokens(target, [9, 10, 11], 12)
+    g = m.generate([9, 10, 11], 12, frozenset(), 0)
+    assert g.tokens == ar_tokens(target, [9, 10, 11], 12)
+    # a step records the tree's depth (v_d's denominator) and its nodes (tokens drafted)
+    assert g.steps and all(x.drafted == 3 and x.candidates == 5 and x.verified == 6 for x in g.steps)
 
 
 def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypatch):
