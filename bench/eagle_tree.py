@@ -2,9 +2,10 @@
 
     python bench/eagle_tree.py results/runs/smollm2-135m/mt_bench/eagle-fixed
 
-Prints tau, acceptance by depth, the time breakdown, the measured speedup, the runner's
-predicted speedup (which charges T(depth + 1) per step, as for a chain of `depth` drafts) and a
-tree-aware prediction charging T(num_nodes + 1): a step verifies every node of the tree.
+Prints tau, acceptance by depth, the time breakdown, the measured speedup, a chain prediction
+(T(depth + 1) per step, as for a chain of `depth` drafts: what the runner charged before it
+charged every verified token) and the tree prediction charging T(num_nodes + 1), as the runner
+now does: a step verifies every node of the tree.
 Both predictions use the run's own start-up forward-cost profile and its measured draft time.
 Reads only samples.jsonl, so it also works on a run that is still going or was stopped.
 """
@@ -51,8 +52,8 @@ def main(run_dir: Path) -> None:
     print("time share: " + ", ".join(f"{k} {v / times['wall'] * 100:.1f}%" for k, v in sorted(times.items()) if k != "wall"))
     print(f"T(1) {t1 * 1e3:.1f} ms, T({nodes}) {interp_cost(costs, nodes) * 1e3:.1f} ms, draft per step "
           f"{draft_per_step * 1e3:.1f} ms")
-    print(f"speedup measured {measured:.3f}; predicted (runner, T(depth+1)) {(new - n_seq) * t1 / chain:.3f}; "
-          f"predicted (tree, T(nodes)) {(new - n_seq) * t1 / tree:.3f}")
+    print(f"speedup measured {measured:.3f}; predicted (chain, T(depth+1)) {(new - n_seq) * t1 / chain:.3f}; "
+          f"predicted (tree, T(nodes), as the runner) {(new - n_seq) * t1 / tree:.3f}")
 
 
 if __name__ == "__main__":

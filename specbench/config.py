@@ -224,6 +224,10 @@ def _method(cfg):
     _int(cfg, "method.draft_vocab.size", 1, none_ok=True)  # its upper bound, the vocabulary, is the model's
     if _get(cfg, "method.name") == "medusa" and _get(cfg, "method.variant") not in (ABSENT, "medusa1", "medusa2"):
         raise _bad("method.variant", _get(cfg, "method.variant"), "one of medusa1, medusa2")
+    if _get(cfg, "method.name") == "medusa" and _get(cfg, "method.backbone") not in (ABSENT, "lora", "full"):
+        raise _bad("method.backbone", _get(cfg, "method.backbone"), "one of full, lora")
+    if _get(cfg, "method.name") == "eagle" and _get(cfg, "method.cls_labels") not in (ABSENT, "soft", "hard"):
+        raise _bad("method.cls_labels", _get(cfg, "method.cls_labels"), "one of hard, soft")
     if _get(cfg, "method.name") == "pld":
         lo = _int(cfg, "method.min_ngram", 1)
         hi = _int(cfg, "method.max_ngram", 1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from specbench import table
-from specbench.metrics import acceptance_metrics, cost_terms, eq14_speedup, position_acceptance, predicted_speedup
+from specbench.metrics import acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats, predicted_speedup
 from specbench.metrics.costmodel import interp_cost
 from specbench.profiling import refit_costs
 from specbench.stats import pooled_speedup_ci
@@ -105,7 +105,7 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
     if steps:
         acc = acceptance_metrics(steps, m["new_tokens"], n_seq)
         out["acceptance"] = acc
-        out["pos_drafted"], out["pos_accepted"] = position_acceptance(steps)
+        out |= position_stats(steps)
         draft_cost = m["times"].get("draft", 0.0) / max(1, acc["drafted"])
         timed = "draft" in m["times"]  # timing=coarse records the wall only: nothing to predict from
         if costs and timed:
@@ -120,7 +120,7 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
     if cats:
         out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, False, ci) for c in cats}
         for c in cats:
-            for k in ("pos_drafted", "pos_accepted"):
+            for k in POSITION_KEYS:
                 out["per_category"][c].pop(k, None)
     return out
 
@@ -174,6 +174,34 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
     return lines
 
 
+POSITION_KEYS = ("pos_drafted", "pos_accepted", "pos_reached", "accepted_hist")
+
+
+def _rates(rates: list, n: int = 12) -> str:
+    return " ".join("-" if r is None else f"{r:.2f}" for r in rates[:n])
+
+
+def acceptance_lines(s: dict) -> list[str]:
+    """The acceptance figures, each defined where it is printed (docs/metrics.md)."""
+    acc = s["acceptance"]
+    lines = [f"v_d {_fmt(acc['v_d'])}  r_d {_fmt(acc['r_d'])}  HM {_fmt(acc['hm'], '.2f')}  tau {_fmt(acc['tau'], '.2f')}"
+             f"  accepted/step {_fmt(acc['mean_accepted'], '.2f')}  drafted/step {_fmt(acc['mean_drafted'], '.2f')}",
+             "  (v_d = accepted / drafted, drafted = a chain's length or a tree's depth per step; "
+             f"per token drafted, a tree's nodes counted: v_d {_fmt(acc.get('v_d_tokens'))})"]
+    if "pos_reached" in s:  # summaries written before it was recorded print the unconditional rate only
+        rates = position_rates(s["pos_drafted"], s["pos_accepted"], s["pos_reached"])
+        lines += ["acceptance by draft position i (1 = first drafted token; a tree: depth i):",
+                  "  unconditional (accepted at i / drafts with a position i): " + _rates(rates["unconditional"]),
+                  "  conditional (accepted at i / drafts that reached i, i.e. accepted 1..i-1): " + _rates(rates["conditional"])]
+    else:
+        rates = [a / d if d else None for d, a in zip(s["pos_drafted"], s["pos_accepted"])]
+        lines.append("acceptance by draft position (unconditional: accepted at i / drafts with a position i): " + _rates(rates))
+    hist = s.get("accepted_hist")
+    if hist:
+        lines.append("steps by draft tokens accepted: " + "  ".join(f"{n}: {c}" for n, c in enumerate(hist)))
+    return lines
+
+
 SYSTEM_COLUMNS = ["", "tokens", Column("wall s", spec=".2f"), Column("tok/s", spec=".2f"), Column("quality", align="<")]
 CATEGORY_COLUMNS = ["category", "samples", Column("speedup", align="<"), Column("tau", align="<")]  # labelled cells, no header
 
@@ -196,14 +224,8 @@ def print_summary(s: dict, meta: dict) -> str:
             lines.append(f"AR base = original weights; its output follows AR's (fine-tuned) for {_fmt(s['base'].get('agreement'))}"
                          " of AR's tokens (common prefix)")
         lines += _measurement_lines(s, meta)
-        acc = s.get("acceptance")
-        if acc:
-            lines.append(
-                f"v_d {_fmt(acc['v_d'])}  r_d {_fmt(acc['r_d'])}  HM {_fmt(acc['hm'], '.2f')}  tau {_fmt(acc['tau'], '.2f')}"
-                f"  accepted/step {_fmt(acc['mean_accepted'], '.2f')}  drafted/step {_fmt(acc['mean_drafted'], '.2f')}"
-            )
-            rates = [a / d if d else 0 for d, a in zip(s["pos_drafted"], s["pos_accepted"])]
-            lines.append("acceptance by draft position: " + " ".join(f"{r:.2f}" for r in rates[:12]))
+        if s.get("acceptance"):
+            lines += acceptance_lines(s)
         terms = s.get("cost_terms")
         if terms:
             parts = " + ".join(f"{k} {v:.2f}" for k, v in terms.items() if k != "total")

@@ -15,7 +15,7 @@ from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
 from specbench.methods.eagle import DraftTree
 from specbench.methods.eagle_head import EagleHead, training_pairs
-from specbench.train.eagle import train_eagle
+from specbench.train.eagle import eagle_loss, soft_cross_entropy, train_eagle
 from specbench.train.trainers import TRAINERS
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import E2E_SAMPLING, check_sampling_matches_target, tiny_sequences, train_cfg
@@ -163,7 +163,7 @@ def test_decode_time_pairs_equal_training_pairs():
 
 
 def test_train_lowers_loss_and_reload_identical(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     target = tiny_model()
     assert TRAINERS["eagle"] is train_eagle
@@ -177,6 +177,33 @@ def test_train_lowers_loss_and_reload_identical(tmp_path, monkeypatch):
     prompt = tiny_sequences(1, seed=5)[0][0][:10]
     ga = a.generate(prompt, 20, frozenset(), 0)
     assert ga.tokens == b.generate(prompt, 20, frozenset(), 0).tokens == ar_tokens(target, prompt, 20)
+
+
+def test_soft_cross_entropy_by_hand():
+    q = torch.log(torch.tensor([[1.0, 2.0, 1.0]]))  # softmax: 0.25, 0.5, 0.25
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    assert float(soft_cross_entropy(q, p)) == pytest.approx(-(0.5 * math.log(0.25) + 0.5 * math.log(0.5)))
+
+
+@torch.no_grad()
+def test_eagle_loss_classification_term_is_soft_by_default(monkeypatch):
+    """A head that predicts the target's next feature exactly: L_reg = 0 and the soft L_cls is
+    H(p, p) = the entropy of the target's next-token distribution (from the model's own forward),
+    averaged over the loss region; the hard option gives -log p(label) instead."""
+    target = tiny_model()
+    head = EagleHead(target)
+    monkeypatch.setattr(head, "forward", lambda feats, toks, cache: training_pairs(target, ids)[2])
+    ids = torch.tensor([[5, 9, 17, 33, 2, 40, 41]])
+    labels = ids.clone()
+    labels[0, :3] = -100  # the prompt: outside the loss region
+    logp = torch.log_softmax(target.model(ids).logits[0, 1:].double(), -1)  # p at positions 1.., an independent path
+    keep = labels[0, 1:] != -100
+    entropy = -(logp.exp() * logp).sum(-1)[keep].mean()
+    loss, (right, counted) = eagle_loss(target, head, ids, labels, w_reg=1.0, w_cls=0.1)
+    assert float(loss) == pytest.approx(0.1 * float(entropy), rel=1e-6) and counted == int(keep.sum())
+    hard, _ = eagle_loss(target, head, ids, labels, w_reg=1.0, w_cls=0.1, cls_labels="hard")
+    nll = -logp[keep].gather(-1, labels[0, 1:][keep].unsqueeze(-1)).mean()
+    assert float(hard) == pytest.approx(0.1 * float(nll), rel=1e-6) and float(hard) != pytest.approx(float(loss))
 
 
 def test_missing_head_error(tmp_path, monkeypatch):

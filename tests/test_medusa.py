@@ -62,11 +62,30 @@ def test_typical_marks_lossy():
     assert greedy.lossless and greedy.generate([5, 6, 7], 8, frozenset(), 0).tokens == ar_tokens(tiny_model(), [5, 6, 7], 8)
 
 
+@torch.no_grad()
+def test_typical_first_token_is_greedy():
+    """Medusa 3.3.1 (and the authors' generate_candidates): greedy for the sequence's first token
+    under typical acceptance, at any temperature; `auto` still samples it (lossless rejection)."""
+    target = tiny_model()
+    prompt = [5, 6, 7]
+    logits, _ = target.forward(prompt, target.new_cache(), last_only=True)
+    greedy_first = int(logits[-1].argmax())
+    hot = SamplingConfig(temperature=1.5)
+    typical = build("medusa", target, method_cfg("medusa", allow_untrained=True, acceptance="typical"), sampling=hot)
+    firsts = {typical.generate(prompt, 1, frozenset(), seed).tokens[0] for seed in range(20)}
+    assert firsts == {greedy_first}  # every seed starts the same (a new turn starts the same way)
+    auto = build("medusa", target, method_cfg("medusa", allow_untrained=True), sampling=hot)
+    assert len({auto.generate(prompt, 1, frozenset(), seed).tokens[0] for seed in range(20)}) > 1
+
+
 def test_sparse_tree_config():
     target = tiny_model()
     m = build("medusa", target, method_cfg("medusa", allow_untrained=True, tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]]))
     assert len(m.tree) == 6
-    assert m.generate([9, 10, 11], 12, frozenset(), 0).tokens == ar_tokens(target, [9, 10, 11], 12)
+    g = m.generate([9, 10, 11], 12, frozenset(), 0)
+    assert g.tokens == ar_tokens(target, [9, 10, 11], 12)
+    # a step records the tree's depth (v_d's denominator) and its nodes (tokens drafted)
+    assert g.steps and all(x.drafted == 3 and x.candidates == 5 and x.verified == 6 for x in g.steps)
 
 
 def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypatch):

@@ -22,8 +22,10 @@ from tests.helpers import CONF, ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import tiny_sequences, train_cfg
 
 prompts = st.lists(st.integers(3, 258), min_size=1, max_size=12)
+# full fine-tuning: these tests check the joint loss, warm-up and reload, whatever the backbone recipe
 MCFG = {"name": "medusa", "variant": "medusa2", "num_heads": 3, "share_head": False, "sizes": [2, 2, 1],
-        "lambda0": 0.2, "lm_loss": "kl", "heads_lr_ratio": 10.0, "lr": 3e-4, "warmup_epochs": 2, "warmup": "heads"}
+        "lambda0": 0.2, "lm_loss": "kl", "heads_lr_ratio": 10.0, "lr": 3e-4, "warmup_epochs": 2, "warmup": "heads",
+        "backbone": "full"}
 
 
 @pytest.fixture(scope="module")
@@ -117,19 +119,44 @@ def test_untrained_and_bad_variant(tmp_path, monkeypatch):
     assert load_checkpoint("medusa2", target.key, {"variant": "medusa2"}, required=False) is None
 
 
-def test_lora_trains_merges_and_stays_greedy_equal(tmp_path, monkeypatch):
+def test_default_recipe_is_lora_on_backbone_and_lm_head_with_dropout(tmp_path, monkeypatch):
+    """The paper's Medusa-2 recipe (section 4) is the default: LoRA on every linear map AND the LM
+    head, dropout 0.05; the tied head is untied so the embedding stays the original; the merged
+    checkpoint reloads that way and decodes equal to its own AR."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    seen = []
+    real = medusa2.apply_lora
+
+    def spy(ft, structure):
+        peft_model = real(ft, structure)
+        seen.append(peft_model.peft_config["default"])
+        return peft_model
+
+    monkeypatch.setattr(medusa2, "apply_lora", spy)
     torch.manual_seed(0)
     target = tiny_model()
-    mcfg = MCFG | {"lora": True, "lora_r": 4, "lora_alpha": 8, "lr": 3e-3, "warmup_epochs": 1}
+    mcfg = {k: v for k, v in MCFG.items() if k != "backbone"} | {"lora_r": 4, "lora_alpha": 8, "lr": 3e-3, "warmup_epochs": 1}
     res = TRAINERS["medusa2"](target, train_cfg(mcfg, epochs=2, labels="target"), tiny_sequences())
     assert res["held_out_after"]["medusa"] < res["held_out_before"]["medusa"]
+    (conf,) = seen
+    assert conf.lora_dropout == 0.05 and "lm_head" in conf.target_modules and "q_proj" in conf.target_modules
     m = build("medusa", target, OmegaConf.create(mcfg))
-    assert m.info["heads_trained"] and m.info["lora"]
-    q = m.finetuned_adapter.model.model.layers[0].self_attn.q_proj
-    assert isinstance(q, torch.nn.Linear) and not torch.equal(q.weight, target.model.model.layers[0].self_attn.q_proj.weight)
+    assert m.info["heads_trained"] and m.info["backbone"] == "lora"
+    ft, orig = m.finetuned_adapter.model, target.model
+    assert not torch.equal(ft.lm_head.weight, orig.lm_head.weight)  # the head was adapted ...
+    assert torch.equal(ft.model.embed_tokens.weight, orig.model.embed_tokens.weight)  # ... the embedding was not
+    q = ft.model.layers[0].self_attn.q_proj
+    assert isinstance(q, torch.nn.Linear) and not torch.equal(q.weight, orig.model.layers[0].self_attn.q_proj.weight)
+    assert orig.lm_head.weight is orig.model.embed_tokens.weight  # the shared original is untouched
     prompt = [5, 6, 7, 8]
     assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 16)
+
+
+def test_backbone_choice_errors():
+    with pytest.raises(SpecBenchError, match="backbone .qlora.; allowed: full, lora"):
+        build("medusa", tiny_model(), method_cfg("medusa", variant="medusa2", backbone="qlora", allow_untrained=True))
+    with pytest.raises(SpecBenchError, match="method.backbone"):
+        build("medusa", tiny_model(), method_cfg("medusa", variant="medusa2", lora=True, allow_untrained=True))
 
 
 def test_prefix_agreement():

@@ -2,7 +2,18 @@
 
 import pytest
 
-from specbench.metrics import acceptance_metrics, eq14_speedup, harmonic_mean, position_acceptance, predicted_speedup
+from specbench.metrics import (
+    StepStats,
+    acceptance_metrics,
+    accepted_histogram,
+    eq14_speedup,
+    harmonic_mean,
+    position_acceptance,
+    position_rates,
+    position_reached,
+    position_stats,
+    predicted_speedup,
+)
 from specbench.metrics.costmodel import interp_cost
 
 # --- HM against EESD Table 10 ------------------------------------------------------------------
@@ -84,6 +95,56 @@ def test_position_acceptance_by_hand():
     # accepted at position j never exceeds accepted at j-1 (acceptance is a prefix)
     d, a = position_acceptance([(5, 3, 3), (5, 5, 5), (2, 1, 1)])
     assert a == [3, 2, 2, 1, 1] and d == [3, 3, 2, 2, 2]
+
+
+def test_conditional_and_unconditional_position_rates_by_hand():
+    # drafted, accepted, kept: 3 steps of 3 drafts (accepted 0, 1, 3) and one of 2 (accepted 2)
+    steps = [(3, 0, 0), (3, 1, 1), (3, 3, 3), (2, 2, 2)]
+    drafted, accepted = position_acceptance(steps)
+    assert drafted == [4, 4, 3] and accepted == [3, 2, 1]
+    reached = position_reached(steps)
+    assert reached == [4, 3, 1]  # position 2: steps 2-4 accepted position 1; position 3: only step 3 drafted it past two accepts
+    r = position_rates(drafted, accepted, reached)
+    assert r["unconditional"] == pytest.approx([3 / 4, 2 / 4, 1 / 3])  # accepted at i per draft with a position i
+    assert r["conditional"] == pytest.approx([3 / 4, 2 / 3, 1 / 1])  # accepted at i given i was reached
+    assert position_rates([2, 0], [1, 0], [2, 0])["conditional"] == [0.5, None]  # never reached: no rate
+    # a step cut by EOS after its first draft token: positions past the cut count as not accepted
+    assert position_reached([(4, 4, 1)]) == [1, 1, 0, 0]
+
+
+def test_accepted_histogram_by_hand():
+    assert accepted_histogram([(3, 0, 0), (3, 1, 1), (3, 3, 3), (2, 2, 2), (4, 4, 1), (0, 0, 0)]) == [2, 2, 1, 1]
+    assert accepted_histogram([]) == []
+    stats = position_stats([(2, 1, 1)])
+    assert stats == {"pos_drafted": [1, 1], "pos_accepted": [1, 0], "pos_reached": [1, 1], "accepted_hist": [0, 1]}
+
+
+def test_v_d_per_drafted_token_for_trees():
+    """v_d divides by the depth (`drafted`); appendix D's literal reading divides by tokens drafted:
+    a tree's nodes. Chains: the two agree."""
+    tree = [StepStats(drafted=4, accepted=2, kept=2, verified=16, candidates=15), StepStats(4, 1, 1, 16, 15)]
+    m = acceptance_metrics(tree, 1 + 3 + 2)
+    assert m["v_d"] == pytest.approx(3 / 8) and m["draft_tokens"] == 30 and m["v_d_tokens"] == pytest.approx(3 / 30)
+    chain = acceptance_metrics([(4, 2, 2), (3, 3, 3)], 1 + 3 + 4)
+    assert chain["v_d_tokens"] == chain["v_d"] == pytest.approx(5 / 7)
+    # the stored row keeps the node count; rows stored before it: known for chains, unknown for trees
+    assert StepStats.of(tree[0].row()) == tree[0]
+    assert acceptance_metrics([[4, 2, 2, 16]], 4)["v_d_tokens"] is None
+    assert acceptance_metrics([[4, 2, 2, 5]], 4)["v_d_tokens"] == pytest.approx(2 / 4)
+
+
+def test_summary_prints_both_position_rates_with_their_definitions():
+    from specbench.summary import acceptance_lines
+
+    steps = [(3, 0, 0), (3, 1, 1), (3, 3, 3), (2, 2, 2)]
+    s = {"acceptance": acceptance_metrics(steps, 1 + 1 + 2 + 4 + 3)} | position_stats(steps)
+    text = "\n".join(acceptance_lines(s))
+    assert "unconditional (accepted at i / drafts with a position i): 0.75 0.50 0.33" in text
+    assert "conditional (accepted at i / drafts that reached i, i.e. accepted 1..i-1): 0.75 0.67 1.00" in text
+    assert "steps by draft tokens accepted: 0: 1  1: 1  2: 1  3: 1" in text
+    assert "a tree's depth" in text and "per token drafted" in text
+    old = {"acceptance": s["acceptance"], "pos_drafted": [4, 4, 3], "pos_accepted": [3, 2, 1]}  # a summary before pos_reached
+    assert "unconditional" in "\n".join(acceptance_lines(old))
 
 
 # --- cost models ---------------------------------------------------------------------------------

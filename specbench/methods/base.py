@@ -34,6 +34,7 @@ class StepResult:
     n_drafted: int  # the most draft tokens the step could accept (chain length, tree depth)
     n_accepted: int
     n_verified: int = 1  # tokens the verification forward ran over (AR: its one token)
+    n_candidates: int | None = None  # draft tokens proposed (a tree's nodes); None: n_drafted (a chain)
 
 
 @dataclass
@@ -102,7 +103,7 @@ class Method:
                 if t in eos_ids:
                     new = new[: j + 1]
                     break
-            result.steps.append(StepStats(r.n_drafted, r.n_accepted, min(r.n_accepted, len(new)), r.n_verified))
+            result.steps.append(StepStats(r.n_drafted, r.n_accepted, min(r.n_accepted, len(new)), r.n_verified, r.n_candidates))
             out += new
         self.timer.step_mark()  # the last step's end
         result.times = self.timer.stop()
@@ -181,9 +182,14 @@ class SpeculativeMethod(ARMethod):
             logits, hidden = self.prefill(self.tokens)
             self.cache.crop(len(prompt))  # a prefill may run more than the prompt (SPACE's masks)
             self.target_hidden = hidden[-1]
-            tok = next_token(logits[-1], self.sampling, self.gen)
+            tok = self.first_token(logits[-1])
         self.tokens.append(tok)
         return tok
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        """The sequence's first new token, from the prefill's logits (a method whose paper picks it
+        otherwise overrides this: Medusa's typical acceptance takes it greedily)."""
+        return next_token(logits, self.sampling, self.gen)
 
     def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Target logits and final hidden state at the prompt's last position; draft state set up."""
@@ -244,7 +250,7 @@ class SpeculativeMethod(ARMethod):
         if self.controller is not None and prop.tokens:
             with self.timer.phase("control"):
                 self.controller.update(len(prop.tokens), n)
-        return StepResult(accepted + [tok], prop.depth, n, len(feed))
+        return StepResult(accepted + [tok], prop.depth, n, len(feed), len(prop.tokens))
 
     def draft_loop(self, k_max: int, next_draft) -> Proposal:
         """The controller-driven chain draft. `next_draft(drafts)` returns the draft logits

@@ -13,7 +13,9 @@ entries, and keeps the hidden state of the path's last node, which the heads rea
 
 Acceptance (`acceptance`): `auto` = greedy verification at temperature 0, lossless tree
 rejection sampling otherwise (engine/tree.py); `typical` = the paper's typical acceptance
-(3.3.1; lossy: `lossless` is False so results are labelled).
+(3.3.1; lossy: `lossless` is False so results are labelled), with the sequence's first token
+(the prefill's, also a later turn's) and every step's own token taken greedily, as the paper and
+the authors' code do.
 
 StepResult.n_drafted is the tree's depth (the longest candidate a step can accept), so the
 acceptance rate is accepted / depth.
@@ -108,12 +110,24 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
     return apply_checkpoint(heads, ckpt, target, info), info
 
 
+BACKBONES = ("lora", "full")
+
+
 def medusa2_structure(cfg) -> dict:
-    """What a Medusa-2 checkpoint is keyed by (training settings such as lambda0 are recorded, not keyed)."""
+    """What a Medusa-2 checkpoint is keyed by (training settings such as lambda0 are recorded, not keyed).
+    `backbone`: lora (the paper's recipe, 4: LoRA on every linear map of the backbone and on the LM
+    head, dropout 0.05) | full (the whole backbone, its tied LM head included, fine-tuned)."""
+    if cfg.get("lora") is not None:
+        raise SpecBenchError(f"method.lora={cfg.get('lora')} was replaced by method.backbone (allowed: {', '.join(BACKBONES)})")
+    backbone = str(cfg.get("backbone", "lora"))
+    if backbone not in BACKBONES:
+        raise choice_error("medusa backbone", backbone, BACKBONES)
+    # `lora: False` is the key full fine-tuning always had, so its checkpoints still load
     s = {"variant": "medusa2", "num_heads": int(cfg.get("num_heads", 4)), "share_head": bool(cfg.get("share_head", False)),
-         "lora": bool(cfg.get("lora", False))}
+         "lora": backbone == "lora"}
     if s["lora"]:
-        s |= {"lora_r": int(cfg.get("lora_r", 32)), "lora_alpha": int(cfg.get("lora_alpha", 16))}
+        s |= {"lora_r": int(cfg.get("lora_r", 32)), "lora_alpha": int(cfg.get("lora_alpha", 16)),
+              "lora_dropout": float(cfg.get("lora_dropout", 0.05)), "lora_head": True}
     return s
 
 
@@ -126,7 +140,8 @@ def load_medusa2(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MedusaHeads, 
         + TRAIN_CMD.format(model=target.name, k=structure["num_heads"], share=str(structure["share_head"]).lower())
         + " method.variant=medusa2` or set method.allow_untrained=true")
     heads = MedusaHeads(ft, structure["num_heads"], structure["share_head"])  # share_head: the fine-tuned head
-    info = {"variant": "medusa2", "num_heads": heads.num_heads, "share_head": heads.share_head, "lora": structure["lora"],
+    info = {"variant": "medusa2", "num_heads": heads.num_heads, "share_head": heads.share_head,
+            "backbone": "lora" if structure["lora"] else "full",
             "heads_trained": ckpt is not None}
     heads_ckpt = None if ckpt is None else {"state": ckpt["state"]["heads"], "path": ckpt["path"], "settings": ckpt.get("settings")}
     return ft, apply_checkpoint(heads, heads_ckpt, ft, info), info
@@ -223,6 +238,14 @@ class Medusa(SpeculativeMethod):
 
     def verify_widths(self) -> list[int]:
         return [len(self.tree)]
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        # typical acceptance: "greedy decoding for the first token" (3.3.1); the authors'
+        # generate_candidates takes the argmax of the prefill's logits too, at every temperature.
+        # Each later step's own token is greedy already (engine/tree.py, verify_tree_typical).
+        if self.acceptance == "typical":
+            return int(logits.argmax(-1))
+        return super().first_token(logits)
 
     def head_logits(self, d: int, h: torch.Tensor) -> torch.Tensor:
         """Head d's draft logits: the full vocabulary, or -inf outside method.draft_vocab's subset."""

@@ -78,6 +78,15 @@ def finetuned_copy(target: ModelAdapter, suffix: str, structure: dict) -> ModelA
     return adapter
 
 
+def untie_lm_head(model: nn.Module) -> None:
+    """Give the LM head its own copy of a tied embedding matrix, so that adapting one (Medusa-2's
+    LoRA on the LM head) leaves the other as it was; no-op when they are not tied."""
+    head = model.get_output_embeddings()
+    if head.weight is model.get_input_embeddings().weight:
+        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    model.config.tie_word_embeddings = False  # nothing may tie them again
+
+
 def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missing: str) -> tuple[ModelAdapter, dict | None]:
     """A frozen fine-tuned copy of `target` from checkpoint `kind` (SPACE, Medusa-2) and the
     checkpoint (None when untrained and allowed); `missing` is the error when there is none."""
@@ -89,7 +98,11 @@ def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missin
         raise SpecBenchError(missing)
     ft = finetuned_copy(target, kind if ckpt is not None else f"{kind}-untrained", structure)
     if ckpt is not None:
-        ft.model.load_state_dict(ckpt["state"]["model"])
+        state = ckpt["state"]["model"]
+        head, emb = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+        if head is not None and emb is not None and not torch.equal(head, emb):
+            untie_lm_head(ft.model)  # trained untied (a LoRA-adapted head): a tied copy would load one of the two
+        ft.model.load_state_dict(state)
     ft.model.to(device=target.device, dtype=target.dtype).eval()
     for p in ft.model.parameters():
         p.requires_grad_(False)

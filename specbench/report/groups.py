@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecBenchError
+from specbench.metrics.acceptance import position_rates
 from specbench.report.load import Run
 from specbench.stats import PairedTest, mean_std, pooled_speedup_ci, wilcoxon_paired
 
@@ -140,6 +141,21 @@ def natural_key(s: str):
     return [(0, float(t), "") if re.fullmatch(r"\d+(\.\d+)?", t) else (1, 0.0, t) for t in re.split(r"(\d+(?:\.\d+)?)", s) if t]
 
 
+def pooled_position_rates(runs) -> tuple[list, list | None]:
+    """Per-position acceptance pooled over runs (counts summed): unconditional, and conditional
+    where every run recorded how often each position was reached (metrics/acceptance.py)."""
+    keys = ("pos_drafted", "pos_accepted", "pos_reached")
+    n = max((len(r.summary.get("pos_drafted") or []) for r in runs), default=0)
+    tot = {k: [0] * n for k in keys}
+    for r in runs:
+        for k in keys:
+            for i, v in enumerate(r.summary.get(k) or []):
+                tot[k][i] += v
+    rates = position_rates(tot["pos_drafted"], tot["pos_accepted"], tot["pos_reached"])
+    cond = rates["conditional"] if all("pos_reached" in r.summary for r in runs) else None
+    return rates["unconditional"], cond
+
+
 def _acc(r: Run, k):
     return (r.summary.get("acceptance") or {}).get(k)
 
@@ -183,12 +199,7 @@ def group_frame(groups: list[Group], baseline: str | None) -> pd.DataFrame:
         else:
             test, base_label = paired_test(base, g), base.label
         k = r0.config.get("control.k") if r0.controller == "fixed" else None
-        pos_d = [0] * max((len(r.summary.get("pos_drafted") or []) for r in g.runs), default=0)
-        pos_a = list(pos_d)
-        for r in g.runs:
-            for i, (d, a_) in enumerate(zip(r.summary.get("pos_drafted") or [], r.summary.get("pos_accepted") or [])):
-                pos_d[i] += d
-                pos_a[i] += a_
+        pos_rate, pos_cond = pooled_position_rates(g.runs)
         cats = defaultdict(list)
         for r in g.runs:
             for c, s in (r.summary.get("per_category") or {}).items():
@@ -230,7 +241,9 @@ def group_frame(groups: list[Group], baseline: str | None) -> pd.DataFrame:
             "p_median_diff": None if test is None else test.median_diff,
             "p_note": None if test is None else test.note,
             "p_vs": base_label,
-            "pos_rate": [a_ / d if d else None for d, a_ in zip(pos_d, pos_a)],
+            "pos_rate": pos_rate,  # unconditional: accepted at i / drafts with a position i
+            "pos_cond": pos_cond,  # conditional: accepted at i / drafts that reached i (None: not recorded)
+            "v_d_tokens": g.mean(lambda r: _acc(r, "v_d_tokens")),
             "per_category": {c: sum(v) / len(v) for c, v in cats.items()},
         }
         for phase, _ in PHASES:

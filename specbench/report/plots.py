@@ -129,16 +129,21 @@ def plot_position_acceptance(df, out, labels, written):
         for ax, s in zip(axes, settings):
             for j, (_, h) in enumerate(dm[dm["setting"] == s].iterrows()):
                 pts = [(i + 1, r) for i, r in enumerate(h["pos_rate"]) if r is not None]
-                ax.plot([p for p, _ in pts], [r for _, r in pts], marker="osD^v<>"[j % 7], ls=["-", "--", ":", "-."][j % 4],
-                        ms=5, alpha=0.85, label=h["label"])
+                line = ax.plot([p for p, _ in pts], [r for _, r in pts], marker="osD^v<>"[j % 7], ls="-",
+                               ms=5, alpha=0.85, label=f"{h['label']} (unconditional)")[0]
+                cond = [(i + 1, r) for i, r in enumerate(h.get("pos_cond") or []) if r is not None]
+                if cond:  # same colour and marker, hollow and dashed
+                    ax.plot([p for p, _ in cond], [r for _, r in cond], marker="osD^v<>"[j % 7], ls="--", ms=5, alpha=0.85,
+                            color=line.get_color(), mfc="none", label=f"{h['label']} (conditional)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
-            ax.set_xlabel("draft position (1 = first drafted token)")
-            ax.set_ylabel("acceptance rate (accepted / drafted)")
+            ax.set_xlabel("draft position i (1 = first drafted token; a tree: depth i)")
+            ax.set_ylabel("accepted at i / drafts with a position i (solid)\n"
+                          "accepted at i / drafts that reached i (dashed)", fontsize=8)
             ax.set_ylim(-0.02, 1.02)
             ax.set_title(setting_name(*s), fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(f"Acceptance rate by draft position, model {model}")
+        fig.suptitle(f"Acceptance by draft position, unconditional and conditional, model {model}")
         _finish(fig, dm, out / f"acceptance_by_position_{_slug(model)}.png", labels, written)
 
 

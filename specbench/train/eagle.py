@@ -2,12 +2,17 @@
 
 Frozen target; per sequence the head reads the pairs (f_t, x_(t+1)) of `training_pairs` (the
 pairs decoding feeds it) and is trained, on the loss region, with the paper's objective
-L = L_reg + w_cls L_cls: smooth-L1 regression of its output to the target's next feature
-f_(t+1), plus cross-entropy of the LM head on its output against the label of position t+1
-(the target's own greedy choice with `train.labels: target`, the text's next token with
-`text`). The authors' code uses the target's full distribution as a soft label; hard labels
-avoid a second 49k-vocabulary head pass per position on CPU, and agree with the paper's prose.
-The authors also add uniform noise to the input features; not done here (short CPU budgets).
+L = w_reg L_reg + w_cls L_cls: smooth-L1 regression of its output to the target's next feature
+f_(t+1), plus the classification term on the LM head's output at the draft's feature.
+
+L_cls (`method.cls_labels`): `soft` (default) is the paper's equation and the authors' trainer:
+the cross-entropy against the target's own distribution there, p = softmax(LM head(f_(t+1))),
+i.e. -sum_v p(v) log q(v), averaged over the loss region. `hard` is cross-entropy against one
+token (the target's greedy choice with `train.labels: target`, the text's next token with
+`text`): it drops the target's uncertainty among its runners-up, which the tree's lower-ranked
+branches draft; kept as an option (the prose's "next token" reading, and cheaper: no second LM
+head pass per position). The authors also add uniform noise to the input features; not done here
+(short CPU budgets).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from torch.nn import functional as F
 
 from specbench.artifacts import save_checkpoint
+from specbench.errors import choice_error
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.models import ModelAdapter
 from specbench.train.loop import (
@@ -32,7 +38,16 @@ from specbench.train.parts import checkpoint_part, first_use
 from specbench.train.trainers import trainer
 
 
-def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float = 1.0, w_cls: float = 0.1):
+CLS_LABELS = ("soft", "hard")
+
+
+def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of -sum_v p(v) log softmax(logits)(v) (the authors' `ploss`)."""
+    return -(p * F.log_softmax(logits.float(), -1)).sum(-1).mean()
+
+
+def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float = 1.0, w_cls: float = 0.1,
+               cls_labels: str = "soft"):
     """(loss, (right, counted) top-1 agreement of the draft with the labels)."""
     with torch.no_grad():  # frozen target: no graph through it
         feats, toks, want = training_pairs(target, ids)
@@ -41,9 +56,16 @@ def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float 
     keep = lab != -100
     if not keep.any():
         return pred.sum() * 0.0, (0, 0)
-    ce, agree = ce_loss(head.logits(pred[keep]).unsqueeze(0), lab[keep].unsqueeze(0))
+    logits = head.logits(pred[keep])
+    if cls_labels == "soft":
+        with torch.no_grad():
+            p = torch.softmax(target.lm_head(want[keep]).float(), -1)
+        cls = soft_cross_entropy(logits, p)
+        agree = (int((logits.argmax(-1) == lab[keep]).sum()), int(keep.sum()))
+    else:
+        cls, agree = ce_loss(logits.unsqueeze(0), lab[keep].unsqueeze(0))
     reg = F.smooth_l1_loss(pred[keep].float(), want[keep].float())
-    return w_reg * reg + w_cls * ce, agree
+    return w_reg * reg + w_cls * cls, agree
 
 
 first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {"layers": 1, "bias": bool(m.get("bias", True))}))
@@ -58,9 +80,12 @@ def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     head.train()
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
     w_reg, w_cls = float(mcfg.get("loss_reg", 1.0)), float(mcfg.get("loss_cls", 0.1))
+    cls_labels = str(mcfg.get("cls_labels", "soft"))
+    if cls_labels not in CLS_LABELS:
+        raise choice_error("eagle cls_labels", cls_labels, CLS_LABELS)
 
     def loss_fn(ids, labels):
-        return eagle_loss(target, head, ids, labels, w_reg, w_cls)
+        return eagle_loss(target, head, ids, labels, w_reg, w_cls, cls_labels)
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)

@@ -161,6 +161,8 @@ def apply_lora(ft: ModelAdapter, structure: dict):
     from peft import LoraConfig, get_peft_model
 
     names = {n.split(".")[-1] for n, m in ft.model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
-    conf = LoraConfig(r=structure["lora_r"], lora_alpha=structure["lora_alpha"], lora_dropout=0.0,
-                      target_modules=sorted(names))
+    if structure.get("lora_head"):  # Medusa-2's recipe adapts the LM head too (untie it from the embedding first)
+        names.add("lm_head")
+    conf = LoraConfig(r=structure["lora_r"], lora_alpha=structure["lora_alpha"],
+                      lora_dropout=float(structure.get("lora_dropout", 0.0)), target_modules=sorted(names))
     return get_peft_model(ft.model, conf)

@@ -33,9 +33,13 @@ the peak, as the authors' max_steps-based ramp would. The default drops the warm
 (`warmup_epochs: 0`) as 4.2 does, so Medusa-2 sees exactly `train.epochs` passes over the data,
 the same budget as every other trainer.
 
-LoRA (`lora: true`, peft, on the layers' linear maps as SPACE does) is merged into the weights
-before saving. The checkpoint (kind `medusa2`) stores the full fine-tuned model state and the
-heads' state, keyed by `methods.medusa.medusa2_structure`.
+Backbone (`backbone`). `lora` (default) is the paper's recipe (section 4, every Medusa-2 model):
+LoRA r=32, alpha=16, dropout 0.05 on every linear map of the backbone *and the LM head*, the
+adapter at 1e-4 (4.2, self-distillation) and the heads at 4x. A tied LM head (the embedded model's)
+is untied first, so the embedding stays the original. The adapter is merged into the weights before
+saving. `full` fine-tunes the whole backbone (the tied head, i.e. the embedding, with it) at the
+same rate: no paper recipe, kept selectable. The checkpoint (kind `medusa2`) stores the full
+fine-tuned model state and the heads' state, keyed by `methods.medusa.medusa2_structure`.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from torch.nn import functional as F
 from specbench.artifacts import save_checkpoint
 from specbench.errors import SpecBenchError
 from specbench.methods.medusa import MedusaHeads, medusa2_structure
-from specbench.methods.space import finetuned_copy
+from specbench.methods.space import finetuned_copy, untie_lm_head
 from specbench.models import ModelAdapter
 from specbench.train.loop import (
     apply_lora,
@@ -135,7 +139,11 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     ft = finetuned_copy(target, "medusa2-training", structure)
     for p in ft.model.parameters():
         p.requires_grad_(False)
-    peft_model = apply_lora(ft, structure) if structure["lora"] else None
+    peft_model = None
+    if structure["lora"]:
+        untie_lm_head(ft.model)  # the adapted head must not move the embedding with it
+        peft_model = apply_lora(ft, structure)
+        ft.lm_head = peft_model.base_model.model.lm_head  # the adapter held the bare head; train through the LoRA one
     # LoRA: only the adapters (get_peft_model marks them trainable); else the whole copy
     bb_params = list(ft.model.parameters()) if peft_model is None else [p for p in peft_model.parameters() if p.requires_grad]
     for p in bb_params:
@@ -193,6 +201,8 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
         p.requires_grad_(False)
     if peft_model is not None:
         peft_model.merge_and_unload()
+        ft.lm_head = ft.model.lm_head  # the merged head
+        heads.__dict__["_target_head"] = ft.lm_head  # share_head: project through it, not the unloaded wrapper
     ft.model.eval()
     heads.eval()
     after = held_out(parts, held, tcfg, pad, target.device)
@@ -200,7 +210,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     settings = run_settings(cfg, len(train), len(held), log, stopped, (before["medusa"], None), (after["medusa"], None))
     settings |= {"head_accuracy": acc, "head_top1": [row[0] for row in acc], "lambda0": lam0, "lambda0_schedule": schedule,
                  "lambda0_last": lam_used[-1] if lam_used else None, "lm_loss": mode,
-                 "warmup": warmup, "lr_backbone": lr_bb, "lr_heads": lr_heads,
+                 "warmup": warmup, "lr_backbone": lr_bb, "lr_heads": lr_heads, "backbone": "lora" if structure["lora"] else "full",
                  "held_out_before": before, "held_out_after": after}
     state = {"model": {n: v.detach().cpu() for n, v in ft.model.state_dict().items()},
              "heads": {k: v.detach().cpu() for k, v in heads.state_dict().items()}}
