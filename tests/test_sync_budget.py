@@ -90,6 +90,7 @@ def test_greedy_step_within_budget(method, controller):
     d2h = [r[1] for r in rows]
     _REPORT[f"{method}-{controller}" if controller else method] = {
         "steps": len(rows), "drafted": [r[0] for r in rows], "d2h": d2h, "h2d": [r[2] for r in rows],
+        "budget": [budget(m, r[0]) for r in rows],
         "prefill_d2h": sum(e.kind == "d2h" for e in prefill), "in_layer": sum(len(r[3]) for r in rows)}
     assert rows, "no decoding step ran"
     in_layer = [e for r in rows for e in r[3]] + [e for e in prefill if e.in_layer]
