@@ -5,7 +5,7 @@ export SPECBENCH_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean gpu-check
 
 setup:
 	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (2.13.0 is the CPU build here)
@@ -34,3 +34,7 @@ bench:
 
 clean:
 	rm -rf results/runs results/multirun .pytest_cache
+
+# the first GPU: tests on the device, the sync budget, a short bench of every method; one report file
+gpu-check:
+	$(PY) -m specbench.doctor --out results/doctor_gpu.md

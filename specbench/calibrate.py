@@ -60,7 +60,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def repeatability(target: ModelAdapter, context: int, workload: int, repeats: int) -> dict:
     """Times of the same `workload` one-token forwards, `repeats` times; their CV."""
-    now = PhaseTimer(target.device).now
+    now = PhaseTimer(target.device, devices=getattr(target, "devices", ())).now
     ids = [(7 * i + 3) % target.vocab_size for i in range(context + 1)]
     cache = target.new_cache()
     target.forward(ids[:context], cache, last_only=True)

@@ -71,7 +71,7 @@ def _time_k(target: ModelAdapter, ids: list[int], cache, context: int, k: int, r
 def profile_forward(target: ModelAdapter, ks: list[int], context: int = 200, reps: int = 5,
                     tolerance: float = 0.1, max_remeasure: int = 2) -> Profile:
     """Median seconds of a full-model forward over k new tokens after `context` cached ones."""
-    now = PhaseTimer(target.device).now
+    now = PhaseTimer(target.device, devices=getattr(target, "devices", ())).now
     ids = [(7 * i + 3) % target.vocab_size for i in range(context + max(ks))]
     cache = target.new_cache()
     target.forward(ids[:context], cache, last_only=True)

@@ -16,6 +16,13 @@
   one deterministic path. Only shapes, dtypes and devices are checked; any op mixing `cuda:0`
   and `cpu` tensors raises `FakeTensorDeviceMismatchError` (`DeviceMismatch` below).
 
+Host synchronisations are counted (`SyncCounter`, `fake_cuda().counter`): every device-to-host
+read of a cuda tensor (`.item()`/`int()`/`float()`/`bool()`/`.tolist()`, copies to cpu,
+`nonzero`, boolean-mask indexing: on a GPU each waits for the queue to drain) and every
+host-to-device copy (`torch.tensor(list, device="cuda")`, `.to("cuda")`, a cpu index or value
+used with a cuda tensor), each with the line of specbench that caused it and whether it
+happened inside the layer loop (tests/test_sync_budget.py holds every method to a budget).
+
 `fake_tiny_llama(dtype)` builds a tiny Llama inside the mode and moves it to fake `cuda`.
 Nothing here computes a number: value-level correctness is the other tests' job.
 Autograd cannot run: recording history on (or back-propagating to) a fake cuda tensor takes a
@@ -27,12 +34,16 @@ gradients.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 from transformers import LlamaForCausalLM
 
@@ -46,6 +57,78 @@ CPU = torch.device("cpu")
 class DeviceMismatch(RuntimeError):
     """An op mixed cuda and cpu tensors, found where a binding fails before fake mode's own
     device check (which raises torch's FakeTensorDeviceMismatchError)."""
+
+
+SPECBENCH = str(Path(__file__).resolve().parents[1] / "specbench")
+# frames that put an event inside the layer loop: the adapter's per-layer loop (a decoder layer's
+# call included) and the cache's per-layer work (KVCache.keep compacts every layer in _move_rows)
+_LAYER_FRAMES = {("adapter.py", "_layer_loop"), ("cache.py", "_move_rows"), ("cache.py", "update")}
+
+
+@dataclass
+class SyncEvent:
+    kind: str  # "d2h": a read that waits for the device; "h2d": a host-to-device copy
+    what: str  # the op (item, tolist, to_cpu, nonzero, bool_index, copy, index, setitem, ...)
+    step: object  # "prefill" or the decoding step's index
+    in_layer: bool
+    where: str  # the first specbench frame: file:function:line
+
+
+@dataclass
+class SyncCounter:
+    """Host syncs seen while `step` names the decoding step the method is in."""
+
+    events: list[SyncEvent] = field(default_factory=list)
+    step: object = None
+
+    def record(self, kind: str, what: str) -> None:
+        where, in_layer = "", False
+        f = sys._getframe(1)
+        while f is not None:
+            name = f.f_code.co_filename
+            if name.startswith(SPECBENCH):
+                short = name[len(SPECBENCH) + 1 :]
+                where = where or f"{short}:{f.f_code.co_name}:{f.f_lineno}"
+                in_layer = in_layer or (Path(short).name, f.f_code.co_name) in _LAYER_FRAMES
+            f = f.f_back
+        self.events.append(SyncEvent(kind, what, self.step, in_layer, where))
+
+    def count(self, kind: str, step=None, in_layer: bool | None = None) -> int:
+        return sum(1 for e in self.events if e.kind == kind and (step is None or e.step == step)
+                   and (in_layer is None or e.in_layer == in_layer))
+
+    def clear(self) -> None:
+        self.events.clear()
+
+
+def _is_cuda(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "cuda"
+
+
+def _is_host(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "cpu"
+
+
+class _CountCopies(TorchDispatchMode):
+    """What reaches dispatch: `torch.tensor(list, device="cuda")` (a host copy, then `_to_copy`),
+    `.cpu()`, cross-device `copy_`, `nonzero` / `masked_select` on the device."""
+
+    def __init__(self, counter: SyncCounter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor):
+            dst = torch.device(kwargs["device"]) if kwargs.get("device") is not None else args[0].device
+            if dst.type != args[0].device.type:
+                self.counter.record("h2d" if dst.type == "cuda" else "d2h", "to_" + dst.type)
+        elif func is torch.ops.aten.copy_.default and _is_cuda(args[0]) != _is_cuda(args[1]):
+            self.counter.record("h2d" if _is_cuda(args[0]) else "d2h", "copy_")
+        elif func in (torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
+                      torch.ops.aten._local_scalar_dense.default) and _is_cuda(args[0]):
+            self.counter.record("d2h", func.__name__.split(".")[0])
+        return func(*args, **kwargs)
 
 
 _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
@@ -63,16 +146,19 @@ def _nested(shape, value):
 
 
 class _CudaOnCpuBuild(TorchFunctionMode):
-    def __init__(self, bool_value: bool):
+    def __init__(self, bool_value: bool, counter: SyncCounter):
         super().__init__()
         self.bool_value = bool_value
         self.reads = 0
+        self.counter = counter
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _READS:
             self.reads += 1
             t = args[0]
+            if _is_cuda(t):
+                self.counter.record("d2h", func.__name__)
             if func is torch.Tensor.__bool__:
                 return self.bool_value
             if func is torch.Tensor.__float__:
@@ -88,12 +174,13 @@ class _CudaOnCpuBuild(TorchFunctionMode):
             other = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
             if other is not None:
                 device, dtype = other.device, other.dtype
-            return self._move(args[0], device, dtype, bool(kwargs.get("copy", False)))
+            return self._move(args[0], device, dtype, bool(kwargs.get("copy", False)), self.counter)
         if func is torch.Tensor.cuda:
-            return self._move(args[0], CUDA, None, False)
+            return self._move(args[0], CUDA, None, False, self.counter)
         if func is torch.as_tensor and isinstance(args[0], torch.Tensor):
             device = kwargs.get("device")
-            return self._move(args[0], torch.device(device) if device is not None else None, kwargs.get("dtype"), False)
+            return self._move(args[0], torch.device(device) if device is not None else None, kwargs.get("dtype"), False,
+                              self.counter)
         try:
             return func(*args, **kwargs)
         except RuntimeError as e:
@@ -123,13 +210,26 @@ class _CudaOnCpuBuild(TorchFunctionMode):
                     x.fake_device = CUDA
         return out
 
-    @staticmethod
-    def _index(func, args, kwargs):
+    def _count_index(self, func, t, index, values) -> None:
+        """On a GPU, indexing a cuda tensor with a host list or cpu tensor copies it in first, a
+        boolean mask waits for its nonzero count, and a cpu value assigned is copied in."""
+        if not _is_cuda(t):
+            return
+        for i in index:
+            if isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.dim() > 0:
+                self.counter.record("d2h", "bool_index")
+            elif _is_host(i) and i.dim() > 0 or isinstance(i, list):
+                self.counter.record("h2d", "index")
+        if func is torch.Tensor.__setitem__ and any(_is_host(v) for v in values):
+            self.counter.record("h2d", "setitem")
+
+    def _index(self, func, args, kwargs):
         # C++ indexing takes a device guard for the tensor's device, which a CPU-only build has
         # none of for cuda: index with the fake tensors labelled cpu, then label them back.
         # (Real CUDA indexing also accepts cpu index tensors and copies cpu values in.)
         t = args[0]
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        self._count_index(func, t, index, args[2:])
         operands = [t, *index, *args[2:]]
         relabel = [x for x in operands if isinstance(x, FakeTensor) and x.device.type == "cuda"]
         for x in relabel:
@@ -144,7 +244,7 @@ class _CudaOnCpuBuild(TorchFunctionMode):
         return out
 
     @staticmethod
-    def _move(t: torch.Tensor, device, dtype, copy: bool) -> torch.Tensor:
+    def _move(t: torch.Tensor, device, dtype, copy: bool, counter: SyncCounter) -> torch.Tensor:
         device = t.device if device is None else torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = CUDA
@@ -153,6 +253,8 @@ class _CudaOnCpuBuild(TorchFunctionMode):
             return t
         if device.type != "cuda" and t.device.type != "cuda":
             return t.to(dtype=dtype, copy=copy) if device == t.device else t.to(device=device, dtype=dtype)
+        if device.type != t.device.type:
+            counter.record("h2d" if device.type == "cuda" else "d2h", "to_" + device.type)
         # copy_ across devices also needs the CUDA runtime: values are fake anyway, keep the metadata
         out = torch.empty(t.shape, device=device, dtype=dtype)  # fake even if t is a real constant
         return out.requires_grad_(True) if t.requires_grad and dtype.is_floating_point else out
@@ -190,18 +292,31 @@ def _deepcopy_in_mode(self, memo):
 def fake_cuda(bool_value: bool = True) -> Iterator[_CudaOnCpuBuild]:
     """Fake tensor mode with CUDA transfers and value reads handled (see module doc).
 
-    `torch.cuda.synchronize` (the phase timer) becomes a no-op: there is no device to wait for."""
+    `torch.cuda.synchronize` (the phase timer) becomes a no-op: there is no device to wait for.
+    The mode's `counter` (a `SyncCounter`) records the host syncs and copies made inside."""
     sync, apply, deepcopy = torch.cuda.synchronize, torch.nn.Module._apply, FakeTensor.__deepcopy__
+    tolist = FakeTensor.tolist
+    counter = SyncCounter()
+    mode = _CudaOnCpuBuild(bool_value, counter)
+    mode.counter = counter
+
+    def one_read_tolist(t):
+        # FakeTensor.tolist reads element by element; on a GPU it is one copy, one wait
+        if _is_cuda(t):
+            counter.record("d2h", "tolist")
+        return _nested(tuple(t.shape), _dummy(t.dtype, bool_value))
+
     torch.cuda.synchronize = lambda *a, **k: None
     torch.nn.Module._apply = _apply_without_swap
     FakeTensor.__deepcopy__ = _deepcopy_in_mode
-    mode = _CudaOnCpuBuild(bool_value)
+    FakeTensor.tolist = one_read_tolist
     try:
         # no_grad: recording autograd history on a cuda tensor aborts the process (see above)
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False), mode:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False), mode, _CountCopies(counter):
             yield mode
     finally:
         torch.cuda.synchronize, torch.nn.Module._apply, FakeTensor.__deepcopy__ = sync, apply, deepcopy
+        FakeTensor.tolist = tolist
 
 
 TINY = {"num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2}

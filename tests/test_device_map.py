@@ -107,3 +107,36 @@ def test_single_device_model_moves_nothing(monkeypatch):
     m = tiny_model()
     m.forward([5, 6, 7], KVCache(m.num_layers))
     assert set(calls) <= {None}  # the default path asks for no move
+
+
+def test_timing_synchronises_every_device_the_model_uses(split_model, monkeypatch):
+    """A wait on one GPU says nothing about work queued on another: the timer's two waits per
+    generation cover cuda:0 and cuda:1, and its marks go on the logits' device's stream (bites:
+    a timer that synchronises only the current device, or only target.device)."""
+    from specbench.methods import build_method
+    from specbench.engine.sampling import SamplingConfig
+    from omegaconf import OmegaConf
+
+    synced, streams = [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self, stream=None):
+            streams.append(stream)
+
+        def elapsed_time(self, end):
+            return 0.0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(torch.device(d)))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: f"stream of {d}")
+    _, split = split_model
+    assert {CUDA0, CUDA1} <= set(split.devices)  # (the embedding stays on the cpu here)
+    m = build_method("ar", split, OmegaConf.create({"name": "ar"}), SamplingConfig())
+    with torch.no_grad():
+        m.generate([5, 17, 99], 4, frozenset(), 0)
+    assert sorted(synced, key=str) == [CUDA0, CUDA0, CUDA1, CUDA1]  # start and stop, each device
+    assert streams and set(streams) == {f"stream of {CUDA0}"}  # where the logits are (lm_head on cuda:0)

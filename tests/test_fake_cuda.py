@@ -108,6 +108,54 @@ def test_adapter_forward_masks_positions_skip_and_cache_on_cuda():
         assert on_cuda(h) and h.shape == (2, 2, t.hidden_size)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_cuda_verification_hands_sdpa_a_boolean_mask_with_gqa(kv_heads, monkeypatch):
+    """What SDPA gets for a multi-token verification on CUDA: a boolean [1, 1, q, past + q] mask
+    on the device (with which its memory-efficient kernel is eligible; an additive float mask
+    was what the CPU path passes), the KV heads ungrouped (no repeat_kv copy) with enable_gqa
+    where the model groups its heads, rows of contiguous head_dim. Bites: the float mask on CUDA,
+    a dropped enable_gqa, K/V repeated to the query heads."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None:
+            seen.append((attn_mask.dtype, tuple(attn_mask.shape), attn_mask.device.type, enable_gqa, k.shape[1],
+                         q.stride(-1), k.stride(-1)))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    enable_gqa=enable_gqa)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    tree = TokenTree.cartesian([2, 1])
+    with fake_cuda():
+        t = fake_tiny_llama(num_kv_heads=kv_heads)
+        cache = t.new_cache()
+        t.forward([1, 2, 3, 4], cache)
+        seen.clear()
+        t.forward(list(range(len(tree))), cache, positions=4 + tree.depths.to(t.device), tree_mask=tree.mask.to(t.device))
+    q = len(tree)
+    assert seen == [(torch.bool, (1, 1, q, 4 + q), "cuda", kv_heads < 4, kv_heads, 1, 1)] * 2  # one per layer
+
+
+def test_cpu_keeps_the_additive_float_mask(monkeypatch):
+    """The CPU numerics were measured with the additive float mask: a CPU verification still
+    hands SDPA that one (the ggml backends' own kernel takes it too: their bits do not move)."""
+    from helpers import tiny_model
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: seen.append(k.get("attn_mask")) or sdpa(*a, **k))
+    t = tiny_model()
+    tree = TokenTree.cartesian([2, 1])
+    with torch.no_grad():
+        cache = t.new_cache()
+        t.forward([1, 2, 3, 4], cache)
+        seen.clear()
+        t.forward(list(range(len(tree))), cache, positions=4 + tree.depths, tree_mask=tree.mask)
+    assert seen and all(m.dtype == torch.float64 and m.shape == (1, 1, len(tree), 4 + len(tree)) for m in seen)
+
+
 # -- every method, end to end --------------------------------------------------------------
 METHODS = {
     "ar": method_cfg("ar"),

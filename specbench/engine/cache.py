@@ -57,17 +57,25 @@ class KVCache:
         """Keep positions [0, start) plus `start + positions` (in order), drop the rest.
 
         Used after tree verification: the accepted path's entries move down to sit right after
-        the committed prefix. A chain's accepted prefix is already in place: a crop, no copy."""
-        rows = [int(p) for p in positions]
+        the committed prefix. A chain's accepted prefix is already in place: a crop, no copy.
+        The source index goes to each device once per call, not once per layer: on a GPU a
+        host-to-device copy per layer is a transfer queued inside every step."""
+        rows = positions.tolist() if isinstance(positions, torch.Tensor) else [int(p) for p in positions]
         if rows == list(range(len(rows))):
             self.crop(start + len(rows), layers)
             return
-        idx = torch.as_tensor(rows, dtype=torch.long)
+        src: dict[torch.device, torch.Tensor] = {}  # device_map: each layer's cache on its own device
         for i in layers if layers is not None else range(self.num_layers):
             if self.keys[i] is None:
                 continue
-            src = (start + idx).to(self.keys[i].device)
-            k, v = self.keys[i], self.values[i]
-            k[..., start : start + len(idx), :] = k[..., src, :]
-            v[..., start : start + len(idx), :] = v[..., src, :]
-            self.lengths[i] = start + len(idx)
+            dev = self.keys[i].device
+            if dev not in src:
+                src[dev] = torch.tensor([start + r for r in rows], dtype=torch.long, device=dev)
+            self._move_rows(i, start, src[dev])
+
+    def _move_rows(self, i: int, start: int, src: torch.Tensor) -> None:
+        """Layer i: rows `src` to [start, start + len(src)), the rest dropped (device work only)."""
+        k, v = self.keys[i], self.values[i]
+        k[..., start : start + len(src), :] = k[..., src, :]
+        v[..., start : start + len(src), :] = v[..., src, :]
+        self.lengths[i] = start + len(src)

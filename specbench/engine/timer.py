@@ -14,7 +14,10 @@ How the clock is read (`timing=` in the run config):
 - `coarse`: wall clock only (`{"wall": s}`), no marks at all; for checking that the breakdown
   does not move the speedup (bench/timing_modes.py).
 On CUDA both modes synchronise once at `start()` (earlier queued work is not billed to this
-sample) and once at `stop()`: two waits per generation, none per decoding step.
+sample) and once at `stop()`: two waits per generation, none per decoding step. A model spread
+over several GPUs (`model.device_map`) has every one of them synchronised at both points (one
+device's wait says nothing about work queued on another), and the marks are recorded on the
+stream of the timer's own device (where the logits are), not whichever device is current.
 """
 
 from __future__ import annotations
@@ -41,17 +44,41 @@ def clock() -> float:
     return time.perf_counter()
 
 
-def synced_now(device: torch.device | str = "cpu") -> float:
-    """Host clock after the device has finished its queued work (for profiling, not per phase)."""
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        torch.cuda.synchronize()
+def cuda_devices(*devices) -> list[torch.device]:
+    """The CUDA devices among `devices` (each a device or a list of them), each once; none
+    without a usable CUDA runtime."""
+    flat = [d for x in devices for d in (x if isinstance(x, (list, tuple, set)) else [x]) if d is not None]
+    out: list[torch.device] = []
+    for d in map(torch.device, flat):
+        if d.type == "cuda" and d not in out and not (d.index in (None, 0) and _current(out, d)):
+            out.append(d)
+    return out if out and torch.cuda.is_available() else []
+
+
+def _current(seen: list[torch.device], d: torch.device) -> bool:
+    """`cuda` and `cuda:0` already listed as one another (the usual single-GPU spelling of one device)."""
+    return any(s.index in (None, 0) for s in seen)
+
+
+def synchronize(devices: list[torch.device]) -> None:
+    for d in devices:
+        torch.cuda.synchronize(d)
+
+
+def synced_now(device: torch.device | str = "cpu", devices=()) -> float:
+    """Host clock after every device given has finished its queued work (profiling, not per phase)."""
+    synchronize(cuda_devices(device, list(devices)))
     return clock()
 
 
 class PhaseTimer:
-    def __init__(self, device: torch.device | str = "cpu", mode: str = "fine"):
+    def __init__(self, device: torch.device | str = "cpu", mode: str = "fine", devices=()):
+        """`devices`: every device the model computes on (ModelAdapter.devices), beside `device`."""
         self.device = device
-        self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.sync_devices = cuda_devices(device, list(devices))
+        self.cuda = bool(self.sync_devices)
+        # marks go on the stream of the device the logits are on (else the first GPU used)
+        self.mark_device = torch.device(device) if torch.device(device).type == "cuda" else (self.sync_devices or [None])[0]
         self.fine = check_mode(mode) == "fine"
         self.totals = {p: 0.0 for p in PHASES} if self.fine else {}
         self._stack: list[str] = []
@@ -64,12 +91,14 @@ class PhaseTimer:
     def now(self) -> float:
         """Seconds on the timer's clock, the device synchronised: for timing outside generation
         (profiling, calibration), never inside a decoding step."""
-        return synced_now(self.device)
+        synchronize(self.sync_devices)
+        return clock()
 
     def _mark(self):
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            # one GPU: its current stream, as always; several: the stream of the logits' device
+            ev.record() if len(self.sync_devices) == 1 else ev.record(torch.cuda.current_stream(self.mark_device))
             return ev
         return clock()
 
@@ -90,8 +119,7 @@ class PhaseTimer:
             self._marks.append((self._mark(), self._stack[-1] if self._stack else None))
 
     def start(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        synchronize(self.sync_devices)
         self._stack.clear()
         self._marks = [(self._mark(), None)]
         self._steps = []
@@ -105,8 +133,7 @@ class PhaseTimer:
 
     def stop(self) -> dict[str, float]:
         end = self._mark()
-        if self.cuda:
-            end.synchronize()  # the one wait: every earlier mark has completed too
+        synchronize(self.sync_devices)  # the one wait (per device): every earlier mark has completed too
         marks = self._marks + [(end, None)]
         wall = self._elapsed(marks[0][0], end)
         out = dict(self.totals)

@@ -67,7 +67,7 @@ class Method:
         self.ctx = ctx or {}
         run_cfg = self.ctx.get("cfg") or {}
         self.timing = str(run_cfg.get("timing", "fine"))  # engine/timer.py: fine | coarse
-        self.timer = PhaseTimer(target.device, self.timing)
+        self.timer = PhaseTimer(target.device, self.timing, getattr(target, "devices", ()))
         self.gen: torch.Generator | None = None
 
     # -- one sequence ------------------------------------------------------------------------
@@ -89,7 +89,7 @@ class Method:
         return []
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos_ids, seed: int) -> Generation:
-        self.timer = PhaseTimer(self.target.device, self.timing)
+        self.timer = PhaseTimer(self.target.device, self.timing, getattr(self.target, "devices", ()))
         self.gen = torch.Generator().manual_seed(int(seed))
         self.seed = int(seed)
         self.timer.start()
@@ -260,21 +260,31 @@ class SpeculativeMethod(ARMethod):
         self.controller.begin_round()
         while len(drafts) < k_max:
             logits, hidden = next_draft(drafts)
-            conf_probs = torch.softmax(logits.float(), -1)
-            if self.sampling.greedy:
-                tok = int(conf_probs.argmax())
-            else:
-                q = probs(logits, self.sampling)
-                tok = sample(q, self.gen)
+            tok, conf, q = self.draft_choice(logits)
+            if q is not None:
                 q_rows.append(q)
             drafts.append(tok)
             # a timer phase, not a wait: on CUDA it records events (engine/timer.py)
             with self.timer.phase("control"):
-                # confidence = max draft probability (Self-SD's draft-exit rule, its Algorithm 4)
-                info = DraftInfo(len(drafts), float(conf_probs.max()), hidden, self.target_hidden)
+                info = DraftInfo(len(drafts), conf, hidden, self.target_hidden)
                 if not self.controller.keep_drafting(info):
                     break
         return Proposal(drafts, torch.stack(q_rows) if q_rows else None)
+
+    def draft_choice(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
+        """(draft token, confidence, its processed distribution q or None under greedy) from
+        draft logits [V], with one device-to-host read: the token and the confidence (the max
+        draft probability, Self-SD's draft-exit rule, its Algorithm 4) come back together."""
+        conf_probs = torch.softmax(logits.float(), -1)
+        if self.sampling.greedy:
+            best, arg = conf_probs.max(-1)
+            tok, conf = torch.stack([arg.to(torch.float64), best.to(torch.float64)]).tolist()
+            return int(tok), conf, None  # float64 holds any vocabulary index and the float32 max exactly
+        q = probs(logits, self.sampling)
+        if not q.is_cuda:
+            return sample(q, self.gen), float(conf_probs.max()), q
+        host = torch.stack([q, conf_probs.to(q.dtype)]).cpu()  # the sampled row and the confidence: one copy
+        return sample(host[0], self.gen), float(host[1].max()), q
 
 
 METHODS: dict[str, type[Method]] = {"ar": ARMethod}

@@ -143,9 +143,9 @@ class Eagle(SpeculativeMethod):
         """Score the top-k children of each row of `feats` (predicted features of `parent`)."""
         logp = torch.log_softmax(self.head.logits(feats).float(), -1)
         top = torch.topk(logp, self.top_k, -1)
-        cu = (top.values + base).tolist()
-        ids = top.indices.tolist()
-        return [cand.add(ids[i][r], p, r, cu[i][r]) for i, p in enumerate(parent) for r in range(self.top_k)]
+        # scores and token ids in one read (float64 holds both exactly): one wait per level on a GPU
+        cu, ids = torch.stack([(top.values + base).double(), top.indices.double()]).tolist()
+        return [cand.add(int(ids[i][r]), p, r, cu[i][r]) for i, p in enumerate(parent) for r in range(self.top_k)]
 
     def draft_tree(self) -> tuple[TokenTree, list[int]]:
         root_feat = self.catch_up()
@@ -171,11 +171,11 @@ class Eagle(SpeculativeMethod):
     def frontier_mask(self, cand: DraftTree, frontier: list[int], slot: dict[int, int]) -> torch.Tensor:
         """[q, cached tree entries + q]: each frontier node sees its cached ancestors and itself."""
         q, m = len(frontier), len(slot)
-        mask = torch.zeros(q, m + q, dtype=torch.bool, device=self.target.device)
+        mask = torch.zeros(q, m + q, dtype=torch.bool)  # built on the host, copied once (not a fill per entry)
         for i, c in enumerate(frontier):
             mask[i, m + i] = True
             a = cand.parents[c]
             while a >= 0:
                 mask[i, slot[a]] = True
                 a = cand.parents[a]
-        return mask
+        return mask.to(self.target.device)

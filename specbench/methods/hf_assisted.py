@@ -55,7 +55,7 @@ class HFAssisted(Method):
         else:
             kwargs["prompt_lookup_num_tokens"] = self.k
 
-        self.timer = PhaseTimer(self.target.device, self.timing)
+        self.timer = PhaseTimer(self.target.device, self.timing, getattr(self.target, "devices", ()))
         torch.manual_seed(int(seed))
         ids = torch.tensor([prompt], device=self.target.device)
         self.timer.start()

@@ -254,6 +254,9 @@ class Medusa(SpeculativeMethod):
         return self.draft_heads[d](self.heads.features(d, h))
 
     def propose(self, k_max: int) -> Proposal:
-        # the heads read the final hidden state of the last verified position (the loop keeps it)
-        ranked = [torch.topk(self.head_logits(d, self.target_hidden), r).indices.tolist() for d, r in enumerate(self.ranks)]
+        # the heads read the final hidden state of the last verified position (the loop keeps it);
+        # every head's top tokens come back in one read (one wait on a GPU, not one per head)
+        logits = torch.stack([self.head_logits(d, self.target_hidden) for d in range(len(self.ranks))])
+        top = torch.topk(logits, max(self.ranks), -1).indices.tolist()
+        ranked = [row[:r] for row, r in zip(top, self.ranks)]
         return Proposal(self.tree.node_tokens(self.tokens[-1], ranked)[1:], tree=self.tree)

@@ -177,7 +177,7 @@ class SelfSD(SpeculativeMethod):
 
         def next_draft(drafts):
             tok = drafts[-1] if drafts else self.tokens[-1]
-            pos = torch.tensor([base + len(drafts)], device=device)
+            pos = torch.full((1,), base + len(drafts), device=device)  # a fill on the device, no host copy
             logits, hidden = self.target.forward([tok], self.cache, positions=pos, skip=self.skip, last_only=True,
                                                  head=self.draft_head)
             return logits[-1], hidden[-1]

@@ -172,7 +172,8 @@ class Space(SpeculativeMethod):
             cands, q = rows.argmax(-1).tolist(), None
         else:
             q = probs(rows, self.sampling)
-            cands = [sample(q[j], self.gen) for j in range(len(rows))]
+            host = q.cpu()  # every candidate's row in one copy (one wait on a GPU, not one per candidate)
+            cands = [sample(host[j], self.gen) for j in range(len(rows))]
         feed = [self.tokens[-1] if kind == "x" else (cands[i - 1] if kind == "c" else MASK) for kind, i in self.layout]
         return Proposal(cands, q, layout=Layout(feed, self.mask, self.pos, self.real_idx))
 

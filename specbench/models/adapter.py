@@ -74,13 +74,16 @@ class ModelAdapter:
             p.requires_grad_(False)
         # imported here, not at the top: transformers' attention registry costs seconds of
         # imports that `import specbench` (CLI errors, --help) should not pay; a model exists now
-        from specbench.models.attention import use_grouped_sdpa
+        from specbench.models.attention import GROUPED_SDPA, use_grouped_sdpa
 
-        use_grouped_sdpa(self.config)
+        # boolean masks on CUDA only where the attention is the adapter's sdpa (an `eager` model
+        # adds its mask to the scores: it needs the float one)
+        self.boolean_masks = use_grouped_sdpa(self.config) or self.config._attn_implementation == GROUPED_SDPA
         # device_map=auto (accelerate) spreads layers over devices: hidden states then follow
         # the layers, and each layer's KV cache entries are made (and stay) on its own device
-        devices = {layer_device(m) for m in [self.embed_tokens, *self.layers, self.norm, self.lm_head]}
-        self.multi_device = len(devices - {None}) > 1
+        devices = {layer_device(m) for m in [self.embed_tokens, *self.layers, self.norm, self.lm_head]} - {None}
+        self.multi_device = len(devices) > 1
+        self.devices = sorted(devices, key=str)  # what timing synchronises (engine/timer.py)
 
     # -- facts -------------------------------------------------------------------------------
     @property
@@ -157,6 +160,15 @@ class ModelAdapter:
         """
         mods = layers if layers is not None else self.layers[start : self.num_layers if end is None else end]
         first = cache_offset if layers is not None else start
+        # index tensors go to the device once per forward, before the loop (on a GPU a host copy
+        # inside it is one transfer per layer); with device_map the loop moves them on as needed
+        if positions is not None:
+            positions = to_device(positions, hidden.device)
+        if tree_mask is not None:
+            tree_mask = to_device(tree_mask, hidden.device)
+        return self._layer_loop(mods, first, hidden, cache, positions, tree_mask, skip)
+
+    def _layer_loop(self, mods, first, hidden, cache, positions, tree_mask, skip):
         q = hidden.shape[1]
         pos_embs: dict[int, tuple] = {}
         masks: dict[int, torch.Tensor | None] = {}
@@ -166,10 +178,11 @@ class ModelAdapter:
             dev = layer_device(layer) if self.multi_device else None
             hidden = to_device(hidden, dev)
             key = (past, dev)
-            if key not in pos_embs:
-                pos = positions.to(hidden.device) if positions is not None else torch.arange(past, past + q, device=hidden.device)
+            if key not in pos_embs:  # once per forward (per device, per cache length)
+                pos = to_device(positions, hidden.device) if positions is not None else torch.arange(past, past + q, device=hidden.device)
                 pos_embs[key] = self.rotary_emb(hidden, pos.view(1, -1))
-                masks[key] = self._mask(past, q, tree_mask, hidden.dtype, hidden.device)
+                boolean = self.boolean_masks and hidden.device.type == "cuda"
+                masks[key] = self._mask(past, q, tree_mask, hidden.dtype, hidden.device, boolean)
                 if dev is not None:  # a dispatched rotary module may answer on its own device
                     pos_embs[key] = tuple(to_device(t, dev) for t in pos_embs[key])
                     masks[key] = None if masks[key] is None else to_device(masks[key], dev)
@@ -211,13 +224,20 @@ class ModelAdapter:
         )
 
     @staticmethod
-    def _mask(past: int, q: int, tree_mask, dtype, device) -> torch.Tensor | None:
-        """Additive [1, 1, q, past+q] mask; None for one causal token (it sees everything)."""
+    def _mask(past: int, q: int, tree_mask, dtype, device, boolean: bool = False) -> torch.Tensor | None:
+        """[1, 1, q, past+q] mask; None for one causal token (it sees everything).
+
+        `boolean` (CUDA with the adapter's sdpa): a boolean mask (True = may attend), which SDPA's
+        memory-efficient kernel takes (models/attention.py passes enable_gqa=True with it);
+        otherwise the additive float mask the CPU numerics were measured with (0 or the dtype's
+        minimum), bit for bit as before."""
         if q == 1 and tree_mask is None:
             return None
         allowed = torch.ones(q, past + q, dtype=torch.bool, device=device)
-        new = tree_mask.to(device) if tree_mask is not None else torch.ones(q, q, dtype=torch.bool, device=device).tril()
+        new = to_device(tree_mask, device) if tree_mask is not None else torch.ones(q, q, dtype=torch.bool, device=device).tril()
         allowed[:, past + q - new.shape[1] :] = new
+        if boolean:
+            return allowed.view(1, 1, q, past + q)
         mask = torch.zeros(q, past + q, dtype=dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask.view(1, 1, q, past + q)

@@ -7,7 +7,10 @@ whole cache per layer per forward); only an unmasked or one-token query avoids i
 kernel takes a mask together with `enable_gqa=True`, so here a masked grouped query passes the
 flag instead of copying. Folding the query heads of a group into the query axis (transformers'
 `pack_gqa`, generalised to q > 1, mask tiled) measured the same, so the simpler flag it is
-(`python bench/attention.py`, results/bench/backends.md). `use_grouped_sdpa` points a model config
+(`python bench/attention.py`, results/bench/backends.md). On CUDA the adapter's masks are
+boolean (True = may attend) and go to SDPA with `enable_gqa` (its memory-efficient kernel takes
+both; an additive float mask with grouped heads left only the math kernel eligible for GQA models:
+docs/gpu.md); CPU masks stay the additive float ones. `use_grouped_sdpa` points a model config
 at this function, registered through transformers' AttentionInterface (no forked modeling file);
 everything else (no mask, no grouping, extra arguments) is transformers' own sdpa. Same
 attention, exact up to the kernel's summation order.
@@ -115,10 +118,12 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout: f
         if out is not None:
             return out, None
     groups = getattr(module, "num_key_value_groups", 1)
-    if attention_mask is None or groups == 1 or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None:
+    # a boolean mask (the adapter's on CUDA) always comes here, grouped or not: one call shape
+    ours = attention_mask is not None and (groups > 1 or attention_mask.dtype == torch.bool)
+    if not ours or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
     )
     return out.transpose(1, 2).contiguous(), None
 

@@ -1,0 +1,43 @@
+"""python -m specbench.doctor on this CPU machine: it runs, says no GPU was found, reports the
+fake-CUDA sync counts (tests/test_sync_budget.py's, covered there) and, with --device cpu, a bench
+row for every method; bad input is one line and no file."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO
+from specbench import doctor
+from specbench.methods.base import METHODS
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU wording")
+def test_no_gpu_is_said_plainly_and_the_bench_waits_for_one(tmp_path):
+    out = tmp_path / "r.md"
+    doctor.main(["--no-tests", "--out", str(out)])
+    text = out.read_text()
+    assert "**No GPU was found**" in text and "Not run: no GPU found" in text and "torch " in text
+
+
+def test_cpu_bench_has_a_row_per_method(tmp_path):
+    out = tmp_path / "r.md"
+    doctor.main(["--no-tests", "--device", "cpu", "--model", "tiny-llama", "--tokens", "6", "--out", str(out)])
+    rows = [ln.split("|")[1].strip() for ln in out.read_text().splitlines() if ln.startswith("| ")]
+    assert sorted(set(rows) - {"method"}) == sorted(METHODS)
+    assert "failed" not in out.read_text()
+
+
+def test_budget_table_from_counts():
+    rows = doctor.budget_table({"pld-fixed": {"steps": 3, "drafted": [0, 4, 4], "d2h": [1, 1, 1], "h2d": [1, 1, 1],
+                                              "budget": [1, 5, 5], "in_layer": 0}})
+    assert rows[-1] == "| pld-fixed | 3 | 0-4 (mean 2.7) | 1 | 1-5 (mean 3.7) | 1 | 0 |"
+
+
+def test_bad_device_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "r.md"
+    r = subprocess.run([sys.executable, "-m", "specbench.doctor", "--device", "tpu", "--out", str(out)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and not out.exists()
+    assert r.stderr.strip() == "specbench: error: unknown --device 'tpu'; allowed: cuda, cpu"
