@@ -7,7 +7,12 @@ Layout: `config.json` (the fingerprint: the config minus the keys a resumption m
 - One writer at a time: an exclusive `flock` on `.lock`, held until the run ends (the kernel drops
   it when the process dies); a second run is refused naming the holder's pid.
 - Open only after the whole configuration was validated and the model loaded; nothing is created
-  on disk before.
+  on disk before. The path must be new, empty, or hold a run (`check_run_dir`): a directory of
+  anything else (a model, a project) is refused before anything is written into it.
+- Identity: the fingerprint holds the config and the run's provenance (the weights' and trained
+  artifacts' hashes, specbench/provenance.py); a resumption against anything else is refused in
+  one line naming what differs. The default run name carries `config_hash` (`${fingerprint:}` in
+  conf/config.yaml), so different settings never share a default directory.
 - `overwrite=true` deletes nothing: the old contents move to `<run>.old-<timestamp>` (the report
   skips such dirs).
 - The fingerprint is written before the first sample, so a later run with another configuration
@@ -21,6 +26,7 @@ Layout: `config.json` (the fingerprint: the config minus the keys a resumption m
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import time
@@ -29,6 +35,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecBenchError
+from specbench.provenance import describe_change
 
 # config keys that may differ between a run and its resumption
 RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
@@ -50,6 +57,61 @@ def fingerprint(cfg: DictConfig) -> dict:
     if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
         c.pop("timing")
     return c
+
+
+# the files a run dir holds (a directory holding only these, or our config.json, is a run)
+RUN_FILES = {LOCK, "config.json", "config.yaml", "samples.jsonl", "summary.json", "forward_costs.json", "profile.json"}
+
+
+def config_hash(cfg: DictConfig, exclude=()) -> str:
+    """8 hex digits of the fingerprint of `cfg` without its run name and dir and the dotted keys
+    `exclude`: the default run name's distinguishing part (conf/config.yaml `${fingerprint:}`)."""
+    # unresolved, so that resolving the copy never asks for the run name being computed
+    c = OmegaConf.to_container(cfg, resolve=False)
+    for key in ("run_name", "run_dir", "hydra", *exclude):
+        *parents, leaf = key.split(".")
+        node = c
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    text = json.dumps(fingerprint(OmegaConf.create(c)), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def is_run_config(config) -> bool:
+    """A config.json written by `fingerprint` (a model's config.json has no `method` group)."""
+    return isinstance(config, dict) and isinstance(config.get("method"), dict) and "name" in config["method"]
+
+
+def check_run_dir(path) -> Path:
+    """The run dir as a Path when it may be written: new, empty, or holding a run (our config.json,
+    or only a run's files). Anything else is refused before anything is written into it."""
+    if path is None or not str(path).strip():
+        raise SpecBenchError(f"run_dir={path!r} is empty; give a directory (default: results/runs/<model>/<task>/<run_name>)")
+    p = Path(str(path)).expanduser()
+    if not p.exists():
+        return p
+    if not p.is_dir():
+        raise SpecBenchError(f"run_dir={str(path)!r} is not a directory; choose a new or empty one")
+    try:
+        entries = sorted(e.name for e in p.iterdir())
+    except OSError as e:
+        raise _io_error(p, e) from None
+    if not entries or "samples.jsonl" in entries:
+        return p  # empty, or a run's samples (checked against its config.json once locked)
+    if "config.json" in entries:
+        try:
+            ours = is_run_config(json.loads((p / "config.json").read_text()))
+        except (OSError, ValueError, UnicodeDecodeError):
+            ours = False
+    else:
+        ours = set(entries) <= RUN_FILES  # a run's remains (e.g. only its lock)
+    if not ours:
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise SpecBenchError(f"run_dir={str(path)!r} holds files that are not a specbench run ({shown}); "
+                             "choose a new or empty directory")
+    return p
 
 
 def read_config(path: Path, missing: str, damaged_suffix: str = "") -> dict:
@@ -95,14 +157,18 @@ def _io_error(path: Path, e: OSError) -> SpecBenchError:
 
 
 class RunDir:
-    def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False):
-        self.path = Path(path)
+    def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False, provenance: dict | None = None):
+        """`provenance`: the weights' and trained artifacts' identity (specbench.provenance), kept
+        in the fingerprint."""
+        self.path = check_run_dir(path)
         self.samples_path = self.path / "samples.jsonl"
         self._fresh_summary = False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock()
             fp = fingerprint(cfg)
+            if provenance is not None:
+                fp["provenance"] = provenance
             if overwrite and self._has_results():
                 self._move_aside()
             else:
@@ -153,10 +219,15 @@ class RunDir:
         old = read_config(self.path, f"run dir {self.path} holds samples but no config.json, so they cannot be checked against "
                                      f"this configuration; {RECOVER}",
                           f"so the samples beside it cannot be checked; {RECOVER}")
-        if old != fp:
-            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+        diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k != "provenance")
+        if diff:
             raise SpecBenchError(
                 f"run dir {self.path} holds results of a different configuration (differs in: {', '.join(diff)}); "
+                "choose another run_name or pass overwrite=true"
+            )
+        if "provenance" in fp and (change := describe_change(old.get("provenance"), fp["provenance"])):
+            raise SpecBenchError(
+                f"run dir {self.path} holds results made with other weights or trained artifacts: {change}; "
                 "choose another run_name or pass overwrite=true"
             )
 

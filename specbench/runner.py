@@ -31,7 +31,8 @@ from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
 from specbench.models.backends import check_backend
 from specbench.profiling import profile_forward
-from specbench.rundir import RunDir
+from specbench.provenance import run_provenance
+from specbench.rundir import RunDir, check_run_dir
 from specbench.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
@@ -142,6 +143,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     validate(cfg)
     check_mode(str(cfg.get("timing", "fine")))
     check_backend(cfg.model.get("backend"))  # before the run dir is written
+    check_run_dir(cfg.get("run_dir"))  # a bad path is refused before the model is loaded (again when opened)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg.task)
@@ -155,8 +157,10 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     ar_target = method.finetuned_adapter or target
     ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
     max_new = check_context(samples, target, int(cfg.max_new_tokens))
+    # the weights' and trained artifacts' hashes join the fingerprint: a resumption against others is refused
+    provenance = run_provenance(cfg, target, method)
     # only now, with everything validated, is anything written to disk
-    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)))
+    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)), provenance)
     meta = {
         "method": cfg.method.name,
         "controller": getattr(getattr(method, "controller", None), "name", None),

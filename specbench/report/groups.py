@@ -1,7 +1,9 @@
 """Grouping runs into systems and settings, pooling repeats, per-group statistics (`group_frame`).
 
 How runs are grouped (nothing incompatible is ever averaged):
-  * a "setting" is (model, task, max_new_tokens, sampling). Every table is per model and
+  * a "setting" is (model, task, max_new_tokens, sampling), where the model is its whole identity
+    (name, config group, weights' hash: Run.model_identity), so two `model=hf` runs of different
+    weights or two tiny seeds are two models, labelled apart (load.label_models). Every table is per model and
     per task (or has one column group per task), split further by setting, so runs of different
     models, tasks, lengths or sampling never share one number; they get their own tables.
   * a "system" is method (+controller) plus whatever config keys vary between runs of that
@@ -29,7 +31,7 @@ import pandas as pd
 
 from specbench.errors import SpecBenchError
 from specbench.metrics.acceptance import position_rates
-from specbench.report.load import Run
+from specbench.report.load import Run, label_models, short_key, short_value
 from specbench.stats import PairedTest, mean_std, pooled_speedup_ci, wilcoxon_paired
 
 SEED_SUFFIX = re.compile(r"[-_.]?seed[-_=]?(\d+)$")
@@ -39,8 +41,9 @@ PHASES = [("prefill", "Prefill"), ("draft", "Drafting"), ("verify", "Verificatio
 
 
 def _describe_difference(a: Run, b: Run) -> str | None:
+    if a.model_identity() != b.model_identity():
+        return f"model ({a.model} vs {b.model})" if a.model != b.model else f"model ({a.model_identity()} vs {b.model_identity()})"
     for k, va, vb in (
-        ("model", a.model, b.model),
         ("task", a.task, b.task),
         ("max_new_tokens", a.max_new_tokens, b.max_new_tokens),
         ("sampling", a.sampling, b.sampling),
@@ -89,7 +92,7 @@ def system_labels(runs: list[Run]) -> dict[Path, str]:
         if "control.k" in varying and "control.k_max" in varying:
             varying.remove("control.k_max")
         for r, v in zip(rs, variants):
-            extra = ", ".join(f"{re.sub(r'^(method|control)[.]', '', k)}={v.get(k)}" for k in varying if v.get(k) is not None)
+            extra = ", ".join(f"{short_key(k)}={short_value(k, v.get(k))}" for k in varying if v.get(k) is not None)
             labels[r.path] = base + (f" ({extra})" if extra else "")
     return labels
 
@@ -127,6 +130,7 @@ class Group:
 
 
 def build_groups(runs: list[Run]) -> list[Group]:
+    label_models(runs)  # find_runs did; runs gathered otherwise get their labels too
     check_declared_repeats(runs)
     labels = system_labels(runs)
     by = defaultdict(list)

@@ -9,6 +9,7 @@ tables and the plots.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,10 @@ from specbench.rundir import OLD_MARK, read_finished
 NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_summary", "num_samples", "profile", "warmup_tokens", "measure")
 # keys that define the setting (compared first, for a precise error message)
 SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
+# the weights' identity in a fingerprint (specbench/provenance.py); trained artifacts are under
+# provenance.artifacts.<key> and make systems differ
+WEIGHTS = "provenance.model."
+ARTIFACTS = "provenance.artifacts."
 
 
 def _flatten(d, prefix=""):
@@ -37,7 +42,31 @@ def _flatten(d, prefix=""):
 
 def _is_neutral(key: str) -> bool:
     top = key.split(".")[0]
-    return top in NEUTRAL_KEYS or key.endswith(".num_samples") or key.endswith(".progress")
+    # where a file lies is not what it is (its hash is kept): runs on two machines may be repeats
+    where = top == "provenance" and key.endswith(".path")
+    return top in NEUTRAL_KEYS or key.endswith(".num_samples") or key.endswith(".progress") or where
+
+
+def short_key(key: str) -> str:
+    """A flattened config key as a label shows it (`method.k` -> `k`, an artifact's hash -> its name)."""
+    for prefix in ("method.", "control.", "model.", WEIGHTS, ARTIFACTS):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+            break
+    key = re.sub(r"[.]sha256$", "", key)
+    return "weights" if key == "sha256" else key
+
+
+def short_value(key: str, value):
+    return value[:8] if key.endswith("sha256") and isinstance(value, str) else value
+
+
+def model_identity(config: dict, name: str) -> dict:
+    """Which model ran: its name, its config group (id, revision, seed, shape, dtype, backend ...)
+    and its weights' identity (hash, hub commit). Runs whose identities differ are never pooled."""
+    out = {"model.name": name}
+    out |= {k: v for k, v in config.items() if k.startswith("model.") or (k.startswith(WEIGHTS) and not _is_neutral(k))}
+    return out
 
 
 @dataclass
@@ -46,14 +75,23 @@ class Run:
     summary: dict
     config: dict  # flattened config.json (the run's fingerprint); {} when absent
     _samples: list | None = field(default=None, repr=False)
+    model_label: str | None = None  # the model's name plus what tells it apart (find_runs), when two models share a name
 
     @property
     def meta(self) -> dict:
         return self.summary.get("meta", {})
 
     @property
-    def model(self) -> str:
+    def model_name(self) -> str:
         return str(self.meta.get("model", self.config.get("model.name", "?")))
+
+    @property
+    def model(self) -> str:
+        """The model as tables and plots name it: unique per model identity among the runs read together."""
+        return self.model_label or self.model_name
+
+    def model_identity(self) -> str:
+        return json.dumps(model_identity(self.config, self.model_name), sort_keys=True, default=str)
 
     @property
     def task(self) -> str:
@@ -92,14 +130,14 @@ class Run:
         return int(self.summary.get("samples", 0))
 
     def setting(self) -> tuple:
-        return (self.model, self.task, self.max_new_tokens, self.sampling)
+        return (self.model_identity(), self.task, self.max_new_tokens, self.sampling)
 
     def variant(self) -> dict:
         """Config keys that make a system (everything but the setting and the neutral keys)."""
         out = {}
         for k, v in self.config.items():
             top = k.split(".")[0]
-            if _is_neutral(k) or top in ("model", "task", "sampling", "max_new_tokens"):
+            if _is_neutral(k) or top in ("model", "task", "sampling", "max_new_tokens") or k.startswith(WEIGHTS):
                 continue
             out[k] = v
         return out
@@ -157,7 +195,26 @@ def find_runs(dirs) -> list[Run]:
             runs.append(Run(rd, summary, _flatten(config)))
     if not runs:
         raise SpecBenchError("no run dirs (holding summary.json) under " + ", ".join(str(d) for d in dirs))
+    label_models(runs)
     return runs
+
+
+def label_models(runs: list[Run]) -> None:
+    """Runs of different models that share a name (every `model=hf` run is `hf`; tiny models of
+    two seeds) get labels that tell them apart: the name plus the keys that differ."""
+    by_name = defaultdict(list)
+    for r in runs:
+        r.model_label = None
+        by_name[r.model_name].append(r)
+    for name, rs in by_name.items():
+        idents = [model_identity(r.config, name) for r in rs]
+        if len({json.dumps(i, sort_keys=True, default=str) for i in idents}) < 2:
+            continue
+        keys = sorted({k for i in idents for k in i})
+        varying = [k for k in keys if len({json.dumps(i.get(k), default=str) for i in idents}) > 1]
+        for r, ident in zip(rs, idents):
+            shown = ", ".join(f"{short_key(k)}={short_value(k, ident.get(k))}" for k in varying)
+            r.model_label = f"{name} ({shown})"
 
 
 def _uniq(vals) -> str:
