@@ -109,7 +109,7 @@ def LIST(item: Key, **kw) -> Key:
     return Key("list", item=item, **kw)
 
 
-ANY = Key("any")
+ANY = Key("any", null=True)
 SEED = INT(0, SEED_MAX)
 PATH = STR(null=True)  # a file or directory; whether it exists is the loader's check
 AUTO_PATH = STR(null=True)  # "auto" or a path, or null
