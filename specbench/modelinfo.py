@@ -7,6 +7,7 @@ header (the key/value section only: tensors are never touched) or a Hugging Face
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import mmap
@@ -72,7 +73,7 @@ def model_shape(model) -> Shape | None:
                          bool(model.get("tie_embeddings", True)))
         if loader == "gguf":
             path = gguf_file(model)
-            return gguf_shape(path) if path else None
+            return _gguf_shape_once(str(path), path.stat().st_size, path.stat().st_mtime_ns) if path else None
         if loader == "hf" and model.get("id"):
             path = hf_config_file(str(model.id), model.get("revision"))
             return hf_shape(json.loads(path.read_text()), str(model.id)) if path else None
@@ -153,6 +154,12 @@ def _value(m, pos: int, vtype: int):
         return count, pos
     fmt = "<" + _SCALARS[vtype]
     return struct.unpack_from(fmt, m, pos)[0], pos + struct.calcsize(fmt)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_shape_once(path: str, size: int, mtime_ns: int) -> Shape:
+    """Parsing the header walks the tokenizer's ~100k strings (~0.1-0.5 s): once per file version."""
+    return gguf_shape(Path(path))
 
 
 def gguf_shape(path: Path) -> Shape:

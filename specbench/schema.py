@@ -222,7 +222,9 @@ _TRAIN = {
     "data.batch_size": INT(1), "data.greedy_fraction": FRACTION(), "data.greedy_prefix": INT(0),
     "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True), "data.gen_minutes": POS(),
     "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(), "epochs": INT(1),
-    "batch_size": INT(1), "max_len": INT(2), "max_minutes": POS(), "eval_fraction": NUM(0, 1, hi_open=True),
+    "batch_size": INT(1), "max_len": INT(2),
+    "max_minutes": NUM(0),  # 0: no optimisation step, which the trainer reports as one line (no checkpoint written)
+    "eval_fraction": NUM(0, 1, hi_open=True),
     "seed": SEED, "cali": BOOL(),
     "cali_predictor.max_i": INT(1), "cali_predictor.pairs_per_sequence": INT(1), "cali_predictor.epochs": INT(1),
     "cali_predictor.lr": POS(), "cali_predictor.batch_size": INT(1),

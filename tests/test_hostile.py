@@ -110,13 +110,13 @@ CASES = [
     Case("remove_key", TINY + ["~seed"], "~seed"),
     Case("sweep_bad_point", ["-m"] + TINY + ["control.k=1,0"], "control.k=0"),
     Case("preset_bad_seed", TINY + ["+experiment=repeats", "seed=-1"], "seed=-1"),
-    Case("first_use_budget_zero", ["method=eesd", "model=tiny-llama", "train.first_use.train.max_minutes=0"],
-         "train.first_use.train.max_minutes=0", entry="specbench.train"),
+    Case("first_use_budget_negative", ["method=eesd", "model=tiny-llama", "train.first_use.train.max_minutes=-1"],
+         "train.first_use.train.max_minutes=-1", entry="specbench.train"),
     Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.skipsearch"),
     Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.skipsearch"),
     # the real `python -m` path, once per entry point
     Case("subprocess_profile_context", ["profile.context=100000"], "profile.context=100000", subprocess=True),
-    Case("subprocess_train_minutes", ["method=eesd", "model=tiny-llama", "train.max_minutes=0"], "train.max_minutes=0",
+    Case("subprocess_train_minutes", ["method=eesd", "model=tiny-llama", "train.max_minutes=-1.5"], "train.max_minutes=-1.5",
          entry="specbench.train", subprocess=True),
 ]
 
