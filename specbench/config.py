@@ -11,19 +11,18 @@ This module imports nothing of specbench but `errors`: cli, train and skipsearch
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import sys
 from pathlib import Path
 
-import yaml
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from specbench import modelinfo, schema
 from specbench.errors import SpecBenchError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -65,6 +64,9 @@ def one_line(e: BaseException, lines: int = 2) -> str:
 def check_choices(argv: list[str]) -> None:
     """Reject unknown group choices before Hydra does (its message spans many lines)."""
     for arg in argv:
+        if arg.startswith("~"):
+            # the code reads every shipped key: a removed one would fail late, or fall back to a default elsewhere
+            fail(f"{arg!r}: removing a key is not supported; set it to another value (null where allowed)")
         key, sep, value = arg.partition("=")
         key = key.lstrip("+~")
         if sep and key in GROUPS and "," not in value:
@@ -135,173 +137,183 @@ def precheck(argv: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- validation
+# One pass over a composed config: every key against the typed schema (specbench/schema.py: types,
+# ranges, null; a key the schema does not know is refused), then the rules between keys, then the
+# resource bounds that need the model's shape (specbench/modelinfo.py: read without the weights).
+# A hand-built config may leave keys out (tests, library use): only what is there is checked.
 
-
-ABSENT = object()  # a key the config does not have (hand-built configs): nothing to check
+ABSENT = object()  # a key the config does not have
 
 
 def _get(cfg, key: str):
     try:
-        return OmegaConf.select(cfg, key, default=ABSENT, throw_on_missing=True)
+        v = OmegaConf.select(cfg, key, default=ABSENT, throw_on_missing=True)
     except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
         raise SpecBenchError(f"{key}: {one_line(e, 1)}") from None
+    return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+def _show(v) -> str:
+    """A value as the command line writes it (null, true), strings quoted."""
+    if v is None:
+        return "null"
+    return str(v).lower() if isinstance(v, bool) else repr(v)
 
 
 def _bad(key: str, value, allowed: str) -> SpecBenchError:
-    return SpecBenchError(f"{key}={value!r} is not allowed; expected {allowed}")
+    return SpecBenchError(f"{key}={_show(value)} is not allowed; expected {allowed}")
 
 
-def _int(cfg, key, lo=None, none_ok=False, extra=()):
-    v = _get(cfg, key)
-    if v is ABSENT or (v is None and none_ok) or v in extra:
-        return v
-    allowed = "an integer" + (f" >= {lo}" if lo is not None else "")
-    allowed += " or null" if none_ok else ""
-    allowed += "".join(f" or {x!r}" for x in extra)
-    if not _is_int(v) or (lo is not None and v < lo):
-        raise _bad(key, v, allowed)
-    return v
+def check_value(key: str, value, spec: schema.Key) -> None:
+    if spec.type == "str" and spec.choices and value is not None:
+        if value not in spec.choices:
+            raise SpecBenchError(f"unknown {key} {value!r}; allowed: {', '.join(spec.choices)}")
+    elif not spec.accepts(value):
+        raise _bad(key, value, spec.allowed())
 
 
-def _num(cfg, key, lo=None, hi=None, lo_open=False):
-    v = _get(cfg, key)
-    if v is ABSENT:
-        return v
-    low = "" if lo is None else (f" > {lo}" if lo_open else f" >= {lo}")
-    allowed = "a number" + low + (f" and <= {hi}" if hi is not None else "")
-    if not _is_num(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
-        raise _bad(key, v, allowed)
-    return v
+def check_values(values: dict, table: dict) -> None:
+    """Plain key -> value settings (specbench.skipsearch's own keys) against a schema table."""
+    for key, value in values.items():
+        if key not in table:
+            raise SpecBenchError(f"unknown key {key!r}; allowed: {', '.join(sorted(table))}")
+        check_value(key, value, table[key])
 
 
-def _bool(cfg, key):
-    v = _get(cfg, key)
-    if v is not ABSENT and v is not None and not isinstance(v, bool):
-        raise _bad(key, v, "true or false")
+def _walk(cfg, path: str, table: dict, where: str, rel: str = "") -> None:
+    """Every key under `path` (a dict node of cfg) against `table` (keys relative to the group)."""
+    node = OmegaConf.select(cfg, path) if path else cfg
+    for k in node.keys():
+        if not path and k in schema.GROUP_KEYS:
+            _group(cfg, k)
+            continue
+        full, key = f"{path}.{k}" if path else str(k), f"{rel}{k}"
+        spec = table.get(key)
+        if spec is not None and spec.type == "table":
+            _walk(cfg, full, spec.table, where)
+        elif spec is not None:
+            check_value(full, _get(cfg, full), spec)
+        elif any(t.startswith(key + ".") for t in table) and isinstance(node._get_node(k), DictConfig):
+            _walk(cfg, full, table, where, key + ".")
+        elif any(t.startswith(key + ".") for t in table):
+            raise _bad(full, _get(cfg, full), "a mapping of " + ", ".join(sorted(t for t in table if t.startswith(key + "."))))
+        else:
+            siblings = sorted({t[len(rel):].split(".")[0] for t in table if t.startswith(rel) and not table[t].optional})
+            raise SpecBenchError(f"unknown key {full!r}{where}; allowed: {', '.join(siblings)}")
 
 
 def validate(cfg: DictConfig) -> None:
     """One pass over a composed config; raises SpecBenchError naming the first bad value."""
-    _int(cfg, "seed")
-    _int(cfg, "max_new_tokens", 1)
-    _int(cfg, "threads", 1, none_ok=True)
-    _int(cfg, "warmup_tokens", 0)
-    for key in ("overwrite", "progress", "profile.enabled"):
-        _bool(cfg, key)
-    _num(cfg, "sampling.temperature", 0)
-    _num(cfg, "sampling.top_p", 0, 1, lo_open=True)
-    _int(cfg, "sampling.top_k", 0)
-    if _get(cfg, "profile.enabled") not in (ABSENT, None, False):
-        ks = _get(cfg, "profile.ks")
-        if not isinstance(ks, ListConfig) or not ks or not all(_is_int(k) and k >= 1 for k in ks):
-            raise _bad("profile.ks", ks, "a non-empty list of integers >= 1")
-        _int(cfg, "profile.context", 1)
-        _int(cfg, "profile.reps", 1)
-    _task(cfg)
-    _method(cfg)
-    _control(cfg)
-    _model(cfg)
-    _against_defaults(cfg)
+    _walk(cfg, "", schema.TOP, "")
+    rules(cfg)
+    resources(cfg)
 
 
-def _task(cfg):
-    _int(cfg, "task.num_samples", 1, none_ok=True, extra=("all",))
-    _int(cfg, "task.seed")
-    if _get(cfg, "task.name") == "humaneval":
-        _num(cfg, "task.timeout_s", 0, lo_open=True)
-        _int(cfg, "task.memory_mb", 1)
-
-
-def _method(cfg):
-    _int(cfg, "method.draft_vocab.size", 1, none_ok=True)  # its upper bound, the vocabulary, is the model's
-    if _get(cfg, "method.name") == "medusa" and _get(cfg, "method.variant") not in (ABSENT, "medusa1", "medusa2"):
-        raise _bad("method.variant", _get(cfg, "method.variant"), "one of medusa1, medusa2")
-    if _get(cfg, "method.name") == "medusa" and _get(cfg, "method.backbone") not in (ABSENT, "lora", "full"):
-        raise _bad("method.backbone", _get(cfg, "method.backbone"), "one of full, lora")
-    if _get(cfg, "method.name") == "eagle" and _get(cfg, "method.cls_labels") not in (ABSENT, "soft", "hard"):
-        raise _bad("method.cls_labels", _get(cfg, "method.cls_labels"), "one of hard, soft")
-    if _get(cfg, "method.name") == "pld":
-        lo = _int(cfg, "method.min_ngram", 1)
-        hi = _int(cfg, "method.max_ngram", 1)
-        if lo is not ABSENT and hi is not ABSENT and hi < lo:
-            raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
-
-
-def _control(cfg):
-    for key in ("control.k", "control.k_max"):
-        if _get(cfg, key) not in (ABSENT, None):
-            _int(cfg, key, 1)
-
-
-def _model(cfg):
-    if _get(cfg, "model.loader") != "hf" or _get(cfg, "model.id") in (ABSENT, None, ""):
+def _group(cfg, group: str) -> None:
+    if not isinstance(cfg[group], DictConfig):
+        raise _bad(group, _get(cfg, group), f"a {group} config (a mapping)")
+    choice, table = schema.group_table(group, cfg[group])
+    if table is None and group != "model":
+        # a method, task or controller registered at runtime (library use, tests), not shipped in
+        # conf/: its own code checks its keys (the command line only offers conf/'s choices)
         return
-    p = Path(str(_get(cfg, "model.id"))).expanduser()
-    if p.is_dir() and not (p / "config.json").is_file():
-        raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
+    if table is None:
+        raise SpecBenchError(f"unknown {group} {choice}; allowed: {', '.join(sorted(schema.MODELS))}")
+    _walk(cfg, group, table, f" for {group} {choice}" if group != "train" else " in the train config")
 
 
-EXPLICIT = {"task.num_samples"}  # checked by `validate` itself (a number or "all")
+# ----------------------------------------------------------------------------- rules between keys
+def _present(*values) -> bool:
+    return all(v is not ABSENT and v is not None for v in values)
 
 
-# the files a group choice comes from, by the choice's `name`
-@functools.lru_cache(maxsize=None)
-def _defaults_file(group: str, name: str) -> dict | None:
-    for p in sorted((CONF_DIR / group).glob("*.yaml")):
-        data = yaml.safe_load(p.read_text()) or {}
-        if data.get("name", p.stem) == name or (group == "train" and p.stem == name):
-            return data
-    return None
+def rules(cfg) -> None:
+    """What one key allows given another (each key's own type and range are already checked)."""
+    lo, hi = _get(cfg, "method.min_ngram"), _get(cfg, "method.max_ngram")
+    if _get(cfg, "method.name") == "pld" and _present(lo, hi) and hi < lo:
+        raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
+    if _get(cfg, "model.loader") == "tiny":
+        hidden, heads, kv = (_get(cfg, f"model.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
+        if _present(hidden, heads) and hidden % heads:
+            raise _bad("model.hidden_size", hidden, f"a multiple of model.num_heads ({heads})")
+        if _present(hidden, heads) and (hidden // heads) % 2:
+            raise _bad("model.hidden_size", hidden, f"model.hidden_size / model.num_heads ({heads}) even (rotary embeddings rotate pairs)")
+        if _present(heads, kv) and heads % kv:
+            raise _bad("model.num_kv_heads", kv, f"a divisor of model.num_heads ({heads})")
+    if _get(cfg, "model.loader") == "hf" and _get(cfg, "model.id") not in (ABSENT, None):
+        p = Path(str(_get(cfg, "model.id"))).expanduser()
+        if p.is_dir() and not (p / "config.json").is_file():
+            raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
 
 
-def _leaves(d: dict, prefix: str = ""):
-    for k, v in d.items():
-        if k == "defaults" or k == "hydra":
-            continue
-        if isinstance(v, dict):
-            yield from _leaves(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
+# ----------------------------------------------------------------------------- resource bounds
+# keys that set how many tokens one forward verifies or drafts: never more than the model's context
+WIDTHS = ("control.k", "control.k_max", "method.k", "method.num_nodes", "method.num_heads")
 
 
-def _against_defaults(cfg):
-    """A key whose shipped default is a number takes a number (an integer if the default is
-    one; null where a default may be switched off); `train` takes only the keys it ships with."""
-    sources = [("", _defaults_file_top())]
-    for group in ("method", "task", "model", "control"):
-        name = _get(cfg, f"{group}.name")
-        sources.append((f"{group}.", _defaults_file(group, str(name)) or {}))
-    train = _defaults_file("train", "default") or {}
-    sources.append(("train.", train))
-    for prefix, data in sources:
-        for key, default in _leaves(data, prefix):
-            if not _is_num(default) or key in EXPLICIT:
-                continue
-            v = _get(cfg, key)
-            if v is None or v is ABSENT:
-                continue
-            if _is_int(default) and not _is_int(v):
-                raise _bad(key, v, "an integer")
-            if not _is_num(v):
-                raise _bad(key, v, "a number")
-    if "train" in cfg:
-        known = {k for k, _ in _leaves(train, "train.")}
-        known_dicts = {k.rsplit(".", 1)[0] for k in known}
-        for key, _ in _leaves(OmegaConf.to_container(cfg.train, resolve=False), "train."):
-            if key not in known and key not in known_dicts:
-                parent = key.rsplit(".", 1)[0] + "."
-                allowed = ", ".join(sorted(k for k in known if k.startswith(parent) and "." not in k[len(parent):]))
-                raise SpecBenchError(f"unknown key {key!r} in the train config; allowed: {allowed}")
+def resources(cfg) -> None:
+    """Bounds that need the model's shape (read without its weights): layer indices and draft
+    depths within the model, widths within its context, profile sizes within its context and
+    the memory there is, a tiny model's weights within the memory there is."""
+    if _get(cfg, "model") is ABSENT or (shape := modelinfo.model_shape(cfg.model)) is None:
+        return
+    of = f"the model {shape.name}"
+    n_layers, draft_layers = _get(cfg, "method.n_layers"), _get(cfg, "method.draft.num_layers")
+    if _get(cfg, "method.name") == "eesd" and _present(n_layers) and n_layers >= shape.layers:
+        raise _bad("method.n_layers", n_layers, f"an integer from 1 to {shape.layers - 1} ({of} has {shape.layers} layers)")
+    if isinstance(draft_layers, int) and draft_layers > shape.layers:
+        raise _bad("method.draft.num_layers", draft_layers, f"an integer from 1 to {shape.layers} or 'auto' ({of} has {shape.layers} layers)")
+    for key in ("method.skip.attn", "method.skip.mlp"):
+        if isinstance(v := _get(cfg, key), list) and any(i >= shape.layers for i in v):
+            raise _bad(key, v, f"layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
+    if _present(size := _get(cfg, "method.draft_vocab.size")) and size > shape.vocab:
+        raise _bad("method.draft_vocab.size", size, f"at most the vocabulary, {shape.vocab} tokens, or null")
+    for key in WIDTHS:
+        if shape.context and _present(v := _get(cfg, key)) and isinstance(v, int) and v >= shape.context:
+            raise _bad(key, v, f"an integer below {shape.context}, the context length of {of}")
+    _memory(cfg, shape)
+    if _get(cfg, "profile.enabled") is True:
+        _profile(cfg, shape)
 
 
-@functools.lru_cache(maxsize=None)
-def _defaults_file_top() -> dict:
-    return yaml.safe_load((CONF_DIR / "config.yaml").read_text()) or {}
+def _on_cpu(cfg) -> bool:
+    """Memory bounds compare with the host's free memory: they apply to CPU runs only."""
+    device = _get(cfg, "model.device")
+    return device == "cpu" or (device in ("auto", None, ABSENT) and not Path("/dev/nvidiactl").exists())
+
+
+def _width(cfg) -> int:
+    return modelinfo.DTYPE_BYTES.get(str(_get(cfg, "model.dtype")), 4)
+
+
+def _memory(cfg, shape) -> None:
+    free = modelinfo.available_bytes()
+    if _get(cfg, "model.loader") != "tiny" or not _on_cpu(cfg) or free is None:
+        return
+    need = shape.params() * _width(cfg)
+    if need > free:
+        key = max(("num_layers", "hidden_size", "intermediate_size"), key=lambda k: _get(cfg, f"model.{k}"))
+        raise _bad(f"model.{key}", _get(cfg, f"model.{key}"),
+                   f"a size whose weights fit in memory: {shape.params():,} parameters need "
+                   f"{need / modelinfo.GIB:.1f} GiB, {free / modelinfo.GIB:.1f} GiB are free")
+
+
+def _profile(cfg, shape) -> None:
+    ks, context = _get(cfg, "profile.ks"), _get(cfg, "profile.context")
+    if not isinstance(ks, list) or not ks or not _present(context):
+        return
+    k = max(ks)
+    if shape.context and context + k > shape.context:
+        key, value = ("profile.ks", ks) if k >= context else ("profile.context", context)
+        raise _bad(key, value, f"profile.context + max(profile.ks) <= {shape.context}, the context length of the model {shape.name}")
+    free = modelinfo.available_bytes()
+    if not _on_cpu(cfg) or free is None:
+        return
+    width = _width(cfg)
+    prefill, step = shape.forward_bytes(context, 0, 1, width), shape.forward_bytes(k, context, k, width)
+    need = shape.params() * width + max(prefill, step)
+    if need > free:
+        key, value = ("profile.ks", ks) if step > prefill else ("profile.context", context)
+        raise _bad(key, value, f"smaller profile sizes: a forward over {k if step > prefill else context} tokens "
+                   f"with {context if step > prefill else 0} cached needs about {need / modelinfo.GIB:.1f} GiB "
+                   f"with the weights (KV cache, activations, logits), {free / modelinfo.GIB:.1f} GiB are free")

@@ -43,9 +43,10 @@ from pathlib import Path
 import torch
 
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
-from specbench.config import check_choices, compose, fail, validate
+from specbench.config import check_choices, check_values, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
+from specbench.schema import SEARCH
 from specbench.methods import build_method
 from specbench.methods.self_sd import heuristic_skip, model_key
 from specbench.models import LayerSkip, load_model
@@ -285,11 +286,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
             overrides.append(arg)
         else:
             raise SpecBenchError(f"arguments are key=value, got {arg!r}")
-    for key in ("iterations", "num_prompts", "max_new_tokens", "k", "seed"):
-        try:
-            opts[key] = int(opts[key])
-        except (TypeError, ValueError):
-            raise SpecBenchError(f"{key} must be an integer, got {opts[key]!r}") from None
+    check_values(opts, SEARCH)  # types and ranges: specbench/schema.py
     return opts, overrides
 
 

@@ -1,0 +1,255 @@
+"""The typed config schema: for every key a run, `specbench.train` and `specbench.skipsearch` read,
+its type, range and whether null is allowed. Defaults are NOT here: conf/*.yaml is their one source
+(a test checks that every shipped key has an entry here and every entry here is shipped or marked
+optional). `config.validate` walks a composed config against these tables; a key without an entry
+is refused as unknown.
+
+Tables are flat, keyed by dotted paths relative to their group (`draft.num_layers` in a method
+table is `method.draft.num_layers`). Group tables are chosen by the group's `name` (model: by
+`loader`). This module imports nothing of specbench but `errors`: the CLI checks bad input
+without importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes < 2**64; per-sample seeds add the sample index
+THREADS_MAX = 1024
+RESAMPLES_MAX = 1_000_000  # a bootstrap keeps resamples x samples indices in memory
+
+
+@dataclass(frozen=True)
+class Key:
+    type: str                       # int | num | bool | str | list | table | any
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    null: bool = False
+    choices: tuple = ()             # str: the allowed values; int/num: literal strings also allowed ("auto")
+    item: Key | None = None         # list: each item's type
+    empty: bool = False             # str: "" allowed; list: [] allowed
+    table: dict = field(default_factory=dict, hash=False)  # table: a nested table (train.first_use.train)
+    optional: bool = False          # read by the code with a default, not shipped in conf/
+
+    def allowed(self) -> str:
+        """What the key takes, in words, for the error line."""
+        if self.type == "str" and self.choices:
+            text = "one of " + ", ".join(self.choices)
+        elif self.type in ("int", "num"):
+            text = "an integer" if self.type == "int" else "a finite number"
+            if self.lo is not None:
+                text += f" {'>' if self.lo_open else '>='} {self.lo}"
+            if self.hi is not None:
+                text += f" {'and ' if self.lo is not None else ''}{'<' if self.hi_open else '<='} {self.hi}"
+            text += "".join(f" or {c!r}" for c in self.choices)
+        elif self.type == "list":
+            text = ("a list" if self.empty else "a non-empty list") + f" of {self.item.allowed()}"
+        else:
+            text = {"bool": "true or false", "str": "a string" if self.empty else "a non-empty string"}.get(self.type, self.type)
+        return text + (" or null" if self.null else "")
+
+    def accepts(self, v) -> bool:
+        if v is None:
+            return self.null
+        if self.type in ("int", "num"):
+            return v in self.choices if isinstance(v, str) else self._in_range(v)
+        if self.type == "bool":
+            return isinstance(v, bool)
+        if self.type == "str":
+            return isinstance(v, str) and (v in self.choices if self.choices else (self.empty or v != ""))
+        if self.type == "list":
+            return isinstance(v, list) and (self.empty or bool(v)) and all(self.item.accepts(x) for x in v)
+        return True  # any, table (a table's keys are walked by config.validate)
+
+    def _in_range(self, v) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        if self.type == "int" and not isinstance(v, int):
+            return False
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+
+
+def INT(lo=None, hi=None, **kw) -> Key:
+    return Key("int", lo, hi, **kw)
+
+
+def NUM(lo=None, hi=None, **kw) -> Key:
+    return Key("num", lo, hi, **kw)
+
+
+def POS(**kw) -> Key:
+    """A number > 0 (rates, budgets, learning rates)."""
+    return Key("num", 0, lo_open=True, **kw)
+
+
+def FRACTION(**kw) -> Key:
+    return Key("num", 0, 1, **kw)
+
+
+def BOOL(**kw) -> Key:
+    return Key("bool", **kw)
+
+
+def STR(**kw) -> Key:
+    return Key("str", **kw)
+
+
+def CHOICE(*values, **kw) -> Key:
+    return Key("str", choices=values, **kw)
+
+
+def LIST(item: Key, **kw) -> Key:
+    return Key("list", item=item, **kw)
+
+
+ANY = Key("any", null=True)
+SEED = INT(0, SEED_MAX)
+PATH = STR(null=True)  # a file or directory; whether it exists is the loader's check
+AUTO_PATH = STR(null=True)  # "auto" or a path, or null
+DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")  # = specbench.models.DTYPES + auto (tests)
+BACKENDS = ("eager", "mkldnn", "hybrid", "ggml", "ggml_f32", "ggml_q8", "bf16", "qint8")  # = models.backends.BACKENDS
+COUNTS = ("consistent", "paper_output", "paper_subset")  # = control.beta_ts.COUNTS
+
+# ------------------------------------------------------------------------------ top level
+TOP = {
+    "seed": SEED,
+    "max_new_tokens": INT(1),
+    "sampling.temperature": NUM(0),
+    "sampling.top_p": NUM(0, 1, lo_open=True),
+    "sampling.top_k": INT(0),
+    "threads": INT(1, THREADS_MAX, null=True),
+    "timing": CHOICE("coarse", "fine"),
+    "warmup_tokens": INT(0),
+    "profile.enabled": BOOL(),
+    "profile.ks": LIST(INT(1)),  # upper bound: the model's context and memory (config.resources)
+    "profile.context": INT(1),
+    "profile.reps": INT(1),
+    "profile.tolerance": NUM(0),
+    "profile.max_remeasure": INT(0),
+    "measure.spike_factor": NUM(1, lo_open=True),  # a slow sample is one `factor` times the medians: <= 1 is every sample
+    "measure.max_retries": INT(0, 100),
+    "measure.min_samples": INT(1),
+    "measure.ci.level": NUM(0, 1, lo_open=True, hi_open=True),
+    "measure.ci.resamples": INT(1, RESAMPLES_MAX),
+    "measure.ci.seed": SEED,
+    "measure.ci.max_rel_width": POS(),
+    "progress": BOOL(),
+    "overwrite": BOOL(),
+    "run_name": STR(),
+    "run_dir": STR(),
+}
+
+# ------------------------------------------------------------------------------ task (by name)
+_TASK = {"name": STR(), "num_samples": INT(1, null=True, choices=("all",)), "seed": SEED,
+         "data_dir": PATH, "max_new_tokens": INT(1), "system": STR(null=True, empty=True)}
+_FIELDS = {"path": PATH, "prompt_field": STR(), "id_field": STR(null=True), "category_field": STR(null=True),
+           "reference_field": STR(null=True)}
+TASKS = {
+    "gsm8k": _TASK | {"fewshot_index": INT(0, null=True)},
+    "humaneval": _TASK | {"timeout_s": POS(), "memory_mb": INT(1)},
+    "jsonl": _TASK | _FIELDS,
+    "mt_bench": _TASK | {"categories": LIST(STR(), null=True)},
+    "spec_bench": _TASK | _FIELDS | {"url": STR(), "group_mt_bench": BOOL(), "categories": LIST(STR(), null=True)},
+    "xsum": _TASK | {"fewshot_index": INT(0, null=True), "max_doc_words": INT(1, null=True)},
+}
+
+# ------------------------------------------------------------------------------ model (by loader)
+_MODEL = {"name": STR(), "loader": CHOICE("gguf", "hf", "tiny"), "dtype": CHOICE(*DTYPES), "device": STR(),
+          "backend": CHOICE(*BACKENDS), "attn_implementation": STR(optional=True)}
+_CHAT = {"chat_template": BOOL(), "eos_tokens": LIST(STR(), empty=True)}
+MODELS = {
+    "gguf": _MODEL | _CHAT | {"package": STR(), "gguf_file": STR(), "path": PATH},
+    "hf": _MODEL | _CHAT | {"id": STR(null=True), "revision": STR(null=True), "device_map": ANY,
+                            "trust_remote_code": BOOL()},
+    # sizes: their product is bounded by memory (config.resources); hidden_size / num_heads by rules
+    "tiny": _MODEL | {"seed": SEED, "num_layers": INT(1), "hidden_size": INT(1), "intermediate_size": INT(1),
+                      "num_heads": INT(1), "num_kv_heads": INT(1), "init_std": POS(),
+                      "tie_embeddings": BOOL(optional=True)},
+}
+
+# ------------------------------------------------------------------------------ method (by name)
+_TRAINABLE = {"checkpoint": AUTO_PATH, "allow_untrained": BOOL(), "train_if_missing": BOOL()}
+_DRAFT_VOCAB = {"draft_vocab.size": INT(1, null=True), "draft_vocab.source": STR()}
+_DRAFT = {"draft.source": CHOICE("truncate", "hf"), "draft.num_layers": INT(1, choices=("auto",)),
+          "draft.checkpoint": AUTO_PATH, "draft.id": STR(null=True), "draft.dtype": CHOICE(*DTYPES),
+          "draft.device": STR(), "train_if_missing": BOOL()}
+_LORA = {"lora": BOOL(), "lora_r": INT(1), "lora_alpha": POS()}
+METHODS = {
+    "ar": {"name": STR()},
+    "eagle": {"name": STR(), "top_k": INT(1), "depth": INT(1), "num_nodes": INT(1), "bias": BOOL(),
+              "loss_reg": NUM(0), "loss_cls": NUM(0)} | _TRAINABLE,
+    "eesd": {"name": STR(), "n_layers": INT(1), "head": CHOICE("shared", "trained")} | _TRAINABLE | _DRAFT_VOCAB,
+    "hf_assisted": {"name": STR(), "mode": CHOICE("assistant", "prompt_lookup"), "k": INT(1)} | _DRAFT,
+    "medusa": {"name": STR(), "variant": CHOICE("medusa1", "medusa2"), "num_heads": INT(1), "share_head": BOOL(),
+               "sizes": LIST(INT(1), null=True), "tree": ANY, "tree_from_accuracies": INT(1, null=True),
+               "acceptance": CHOICE("auto", "typical"), "epsilon": FRACTION(), "delta": NUM(0),
+               "loss_decay": NUM(0, 1, lo_open=True), "lambda0": NUM(0), "lm_loss": CHOICE("kl", "ce"),
+               "heads_lr_ratio": POS(), "lr": POS(null=True), "lambda0_schedule": CHOICE("sine", "linear", "constant"),
+               "warmup_epochs": INT(0), "warmup": CHOICE("heads", "backbone")} | _LORA | _TRAINABLE | _DRAFT_VOCAB,
+    "pld": {"name": STR(), "max_ngram": INT(1), "min_ngram": INT(1)},
+    "self_sd": {"name": STR(), "skip.source": STR(), "skip.model": STR(null=True), "skip.attn": LIST(INT(0), empty=True),
+                "skip.mlp": LIST(INT(0), empty=True), "skip.cache_dir": PATH, "skip.path": PATH,
+                "train_if_missing": BOOL()} | _DRAFT_VOCAB,
+    "space": {"name": STR(), "k": INT(1), "p_ar": FRACTION(), "lr": POS(), "seed": SEED,
+              "mask_rule": CHOICE("group", "eq6")} | _LORA | _TRAINABLE,
+    "vanilla_sd": {"name": STR()} | _DRAFT,
+}
+
+# ------------------------------------------------------------------------------ control (by name)
+_K_MAX = {"name": STR(), "k_max": INT(1)}
+_TS = {"counts": CHOICE(*COUNTS), "reset_per_sequence": BOOL()}
+CONTROLS = {
+    "adaptive_threshold": _K_MAX | {"gamma": FRACTION(), "epsilon": NUM(0), "beta1": NUM(0, 1, hi_open=True),
+                                    "beta2": NUM(0, 1, hi_open=True), "alpha": NUM(0, 1, lo_open=True),
+                                    "reset_per_sequence": BOOL()},
+    "beta_ts": _K_MAX | _TS | {"alpha0": POS(), "beta0": POS()},
+    "cali_ts": _K_MAX | _TS | {"sigma_m": POS(), "sigma_s": POS(), "theta0": FRACTION(),
+                               "theta_update": CHOICE("mean", "paper"), "predictor": PATH},
+    "fixed": _K_MAX | {"k": INT(1)},
+    "threshold": _K_MAX | {"gamma": FRACTION()},
+}
+
+# ------------------------------------------------------------------------------ train
+_TRAIN = {
+    "data.num_prompts": INT(1), "data.num_original": INT(0), "data.max_new_tokens": INT(1),
+    "data.batch_size": INT(1), "data.greedy_fraction": FRACTION(), "data.greedy_prefix": INT(0),
+    "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True), "data.gen_minutes": POS(),
+    "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(), "epochs": INT(1),
+    "batch_size": INT(1), "max_len": INT(2),
+    "max_minutes": NUM(0),  # 0: no optimisation step, which the trainer reports as one line (no checkpoint written)
+    "eval_fraction": NUM(0, 1, hi_open=True),
+    "seed": SEED, "cali": BOOL(),
+    "cali_predictor.max_i": INT(1), "cali_predictor.pairs_per_sequence": INT(1), "cali_predictor.epochs": INT(1),
+    "cali_predictor.lr": POS(), "cali_predictor.batch_size": INT(1),
+}
+SKIP_SEARCH = {"iterations": INT(1), "num_prompts": INT(1), "max_new_tokens": INT(1), "k": INT(1),
+               "sampler": CHOICE("tpe", "gp"), "seed": SEED}
+TRAIN = _TRAIN | {
+    "first_use.loaders": LIST(CHOICE("gguf", "hf", "tiny"), empty=True),
+    "first_use.max_params": POS(),
+    "first_use.train": Key("table", table=_TRAIN),  # merged over train.* (a subset of its keys)
+    **{f"first_use.skip_search.{k}": v for k, v in SKIP_SEARCH.items() if k != "seed"},
+}
+# python -m specbench.skipsearch's own keys (their defaults: skipsearch.SEARCH_KEYS)
+SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
+
+GROUP_KEYS = ("method", "task", "model", "control", "train")  # nodes with their own tables
+GROUPS = {"method": METHODS, "task": TASKS, "control": CONTROLS}  # chosen by `name`; model by `loader`
+
+
+def group_table(group: str, cfg_group) -> tuple[str, dict | None]:
+    """(the choice, its table) for one group node of a composed config; table None: unknown choice."""
+    if group == "train":
+        return "train", TRAIN
+    if group == "model":
+        choice = cfg_group.get("loader")
+        return f"loader {choice!r}", MODELS.get(choice)
+    choice = cfg_group.get("name")
+    return repr(choice), GROUPS[group].get(choice)

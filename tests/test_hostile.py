@@ -1,0 +1,172 @@
+"""Hostile command lines (issue 31): each must end in exit 2 with exactly one stderr line
+`specbench: error: ...` naming the key or value, and leave nothing on disk (no run directory).
+
+Each row runs through a real entry point, in this process (fast) or, with `subprocess=True`, as
+`python -m ...`. The run happens with cwd = tmp_path and run_dir under it; `setup(tmp_path)` may
+write files first (they are the only ones allowed to exist afterwards). Rows that must be refused
+before any model is loaded (`before_run=True`, the default) run with the runner replaced by a stub
+that fails loudly, so a value slipping through validation fails fast instead of running a benchmark.
+To add cases (run dirs, checkpoints, sandbox), append `Case(...)` rows to CASES; rows whose
+refusal happens inside the run set `before_run=False`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from helpers import REPO
+
+TINY = ["model=tiny-llama", "progress=false", "profile.enabled=false"]
+
+
+@dataclass
+class Case:
+    id: str
+    argv: list[str]
+    expect: str                                  # a substring of the error line
+    entry: str = "specbench"                     # specbench | specbench.train | specbench.skipsearch
+    setup: Callable[[Path], None] | None = None  # writes input files under tmp_path
+    subprocess: bool = False
+    before_run: bool = True                      # refused before the runner starts
+    env: dict = field(default_factory=dict)
+
+
+def big_hf_model(tmp: Path) -> None:
+    """A config.json only (no weights): 80 layers of width 8192 and a 10M-token context."""
+    (tmp / "big").mkdir()
+    (tmp / "big" / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 80, "hidden_size": 8192,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+        "max_position_embeddings": 10_000_000}))
+
+
+CASES = [
+    # issue 31, item 5
+    Case("profile_ks_huge", ["profile.ks=[1,100000]"], "profile.ks=[1, 100000]"),
+    Case("profile_context_huge", ["profile.context=100000"], "profile.context=100000"),
+    Case("ci_level_above_one", TINY + ["measure.ci.level=1.5"], "measure.ci.level=1.5"),
+    Case("ci_resamples_zero", TINY + ["measure.ci.resamples=0"], "measure.ci.resamples=0"),
+    Case("max_new_tokens_null", TINY + ["max_new_tokens=null"], "max_new_tokens=null"),
+    Case("temperature_null", TINY + ["sampling.temperature=null"], "sampling.temperature=null"),
+    Case("warmup_negative", TINY + ["warmup_tokens=-1"], "warmup_tokens=-1"),
+    Case("control_k_negative", TINY + ["control.k=-3"], "control.k=-3"),
+    Case("profile_reps_null", TINY + ["profile.reps=null"], "profile.reps=null"),
+    Case("seed_overflow", TINY + [f"seed={2**63}"], f"seed={2**63}"),
+    Case("tiny_hidden_63", TINY + ["model.hidden_size=63"], "model.hidden_size=63"),
+    Case("allow_untrained_no", TINY + ["method=eesd", "method.allow_untrained=no"], "method.allow_untrained='no'"),
+    Case("draft_layers_fraction", TINY + ["method.draft.num_layers=2.5"], "method.draft.num_layers=2.5"),
+    Case("spike_factor_zero", TINY + ["measure.spike_factor=0"], "measure.spike_factor=0"),
+    Case("space_k_zero", TINY + ["method=space", "method.k=0"], "method.k=0"),
+    Case("train_batch_zero", ["method=eesd", "model=tiny-llama", "train.batch_size=0"], "train.batch_size=0",
+         entry="specbench.train"),
+    Case("train_lr_negative", ["method=eesd", "model=tiny-llama", "train.lr=-1"], "train.lr=-1", entry="specbench.train"),
+    # wrong types, lists where scalars go and back
+    Case("num_samples_list", TINY + ["task.num_samples=[1,2]"], "task.num_samples=[1, 2]"),
+    Case("control_k_list", TINY + ["control.k=[4]"], "control.k=[4]"),
+    Case("profile_ks_scalar", TINY + ["profile.enabled=true", "profile.ks=4"], "profile.ks=4"),
+    Case("profile_ks_empty", TINY + ["profile.ks=[]"], "profile.ks=[]"),
+    Case("profile_ks_zero_item", TINY + ["profile.ks=[1,0]"], "profile.ks=[1, 0]"),
+    Case("n_layers_bool", TINY + ["method=eesd", "method.n_layers=true"], "method.n_layers=true"),
+    Case("top_k_fraction", TINY + ["sampling.top_k=1.5"], "sampling.top_k=1.5"),
+    Case("allow_untrained_int", TINY + ["method=eesd", "method.allow_untrained=1"], "method.allow_untrained=1"),
+    # empty strings, negative zero, NaN / inf
+    Case("seed_empty", TINY + ["seed="], "seed=''"),
+    Case("run_name_empty", TINY + ["run_name="], "run_name=''"),
+    Case("alpha0_negative_zero", TINY + ["method=eesd", "control=beta_ts", "control.alpha0=-0.0"], "control.alpha0=-0.0"),
+    Case("top_p_nan", TINY + ["sampling.top_p=nan"], "sampling.top_p=nan"),
+    Case("temperature_inf", TINY + ["sampling.temperature=inf"], "sampling.temperature=inf"),
+    Case("ci_width_minus_inf", TINY + ["measure.ci.max_rel_width=-inf"], "measure.ci.max_rel_width=-inf"),
+    # huge values and resource bounds
+    Case("threads_huge", TINY + ["threads=100000"], "threads=100000"),
+    Case("resamples_huge", TINY + ["measure.ci.resamples=10000000000"], "measure.ci.resamples=10000000000"),
+    Case("control_k_beyond_context", TINY + ["control.k=100000"], "control.k=100000"),
+    Case("tiny_too_big_for_memory", TINY + ["model.hidden_size=1000000", "model.num_heads=4"], "model.hidden_size=1000000"),
+    Case("profile_memory", ["model=hf", "model.id={tmp}/big", "model.device=cpu", "method=pld", "profile.context=1000000"],
+         "profile.context=1000000", setup=big_hf_model),
+    Case("eesd_layers_beyond_model", TINY + ["method=eesd", "method.n_layers=30"], "method.n_layers=30"),
+    Case("skip_layer_beyond_model", TINY + ["method=self_sd", "method.skip.attn=[0,99]"], "method.skip.attn=[0, 99]"),
+    Case("draft_vocab_beyond_vocab", TINY + ["method=eesd", "method.draft_vocab.size=1000000"], "method.draft_vocab.size"),
+    # unknown keys, bad group choices and choice values, rules between keys
+    Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
+    Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),
+    Case("unknown_train_key", ["method=eesd", "model=tiny-llama", "+train.data.foo=1"], "train.data.foo",
+         entry="specbench.train"),
+    Case("unknown_method", TINY + ["method=nope"], "unknown method 'nope'"),
+    Case("unknown_loader", TINY + ["model.loader=nope"], "unknown model loader 'nope'"),
+    Case("unknown_counts", TINY + ["method=eesd", "control=beta_ts", "control.counts=all"], "unknown control.counts 'all'"),
+    Case("unknown_timing", TINY + ["timing=fast"], "unknown timing 'fast'"),
+    Case("unknown_dtype", TINY + ["model.dtype=float8"], "unknown model.dtype 'float8'"),
+    Case("kv_heads_not_divisor", TINY + ["model.num_kv_heads=3"], "model.num_kv_heads=3"),
+    Case("pld_max_below_min", TINY + ["method=pld", "method.max_ngram=1", "method.min_ngram=2"], "method.max_ngram=1"),
+    Case("humaneval_memory_zero", TINY + ["task=humaneval", "task.memory_mb=0"], "task.memory_mb=0"),
+    Case("fewshot_negative", TINY + ["task.fewshot_index=-1"], "task.fewshot_index=-1"),
+    Case("remove_key", TINY + ["~seed"], "~seed"),
+    Case("sweep_bad_point", ["-m"] + TINY + ["control.k=1,0"], "control.k=0"),
+    Case("preset_bad_seed", TINY + ["+experiment=repeats", "seed=-1"], "seed=-1"),
+    Case("first_use_budget_negative", ["method=eesd", "model=tiny-llama", "train.first_use.train.max_minutes=-1"],
+         "train.first_use.train.max_minutes=-1", entry="specbench.train"),
+    Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.skipsearch"),
+    Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.skipsearch"),
+    # the real `python -m` path, once per entry point
+    Case("subprocess_profile_context", ["profile.context=100000"], "profile.context=100000", subprocess=True),
+    Case("subprocess_train_minutes", ["method=eesd", "model=tiny-llama", "train.max_minutes=-1.5"], "train.max_minutes=-1.5",
+         entry="specbench.train", subprocess=True),
+]
+
+
+def _in_process(case: Case, argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    if case.before_run:  # what each entry point does once its input is validated
+        import specbench.runner
+        import specbench.skipsearch
+        import specbench.train.__main__
+
+        def refuse(*a, **k):
+            raise AssertionError(f"{case.id}: validation let {case.argv} through")
+        monkeypatch.setattr(specbench.runner, "run", refuse)
+        monkeypatch.setattr(specbench.train.__main__, "train", refuse)
+        monkeypatch.setattr(specbench.skipsearch, "load_model", refuse)
+    monkeypatch.setattr(sys, "argv", [case.entry, *argv])
+    with pytest.raises(SystemExit) as e:
+        if case.entry == "specbench":
+            from specbench.cli import main
+            main()
+        elif case.entry == "specbench.train":
+            from specbench.train.__main__ import main
+            main(argv)
+        else:
+            from specbench.skipsearch import cli
+            cli()
+    return e.value.code, capsys.readouterr().err
+
+
+def _subprocess(case: Case, argv: list[str], tmp_path: Path) -> tuple[int, str]:
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), **case.env}
+    p = subprocess.run([sys.executable, "-m", case.entry, *argv], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    return p.returncode, p.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, monkeypatch):
+    if case.setup:
+        case.setup(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
+    if case.entry == "specbench":
+        argv.append(f"run_dir={tmp_path / 'run'}")
+    code, err = _subprocess(case, argv, tmp_path) if case.subprocess else _in_process(case, argv, capsys, monkeypatch)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("specbench: error:"), err[-2000:]
+    assert case.expect in lines[0], lines[0]
+    assert sorted(tmp_path.rglob("*")) == before  # no run directory, nothing else written
