@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench import modelinfo, schema
 from specbench.errors import SpecBenchError
+from specbench.rundir import check_run_dir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("method", "task", "model", "control", "experiment")
@@ -244,6 +245,8 @@ def rules(cfg) -> None:
         p = Path(str(_get(cfg, "model.id"))).expanduser()
         if p.is_dir() and not (p / "config.json").is_file():
             raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
+    if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
+        check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
 
 
 # ----------------------------------------------------------------------------- resource bounds
