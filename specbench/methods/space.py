@@ -34,7 +34,7 @@ import json
 import torch
 from torch import nn
 
-from specbench.artifacts import load_checkpoint, trained_summary
+from specbench.artifacts import check_state, expected_state, load_checkpoint, trained_summary
 from specbench.engine.sampling import probs, sample
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
 from specbench.engine.verify import Layout, Proposal
@@ -89,6 +89,7 @@ def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missin
         raise SpecBenchError(missing)
     ft = finetuned_copy(target, kind if ckpt is not None else f"{kind}-untrained", structure)
     if ckpt is not None:
+        check_state(ckpt["state"].get("model"), expected_state(ft.model), ckpt["path"], ckpt["fix"])
         ft.model.load_state_dict(ckpt["state"]["model"])
     ft.model.to(device=target.device, dtype=target.dtype).eval()
     for p in ft.model.parameters():
