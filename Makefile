@@ -15,6 +15,9 @@ setup:
 	@# model.backend=ggml (the embedded model's default) compiles a small C kernel on first use
 	@command -v cc >/dev/null || command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc) \
 		|| echo "WARNING: no C compiler: run with model.backend=hybrid" >&2
+	@# task=humaneval runs generated code only under bubblewrap (docs/sandbox.md); without it it refuses to start
+	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) \
+		|| echo "WARNING: no bubblewrap: task=humaneval will refuse to run (docs/sandbox.md)" >&2
 
 # the headline: EESD (paper default: Cali-TS) vs AR on the embedded model; the first run trains
 # the early-exit layer + Cali-TS predictor once (train.first_use budget) and caches them
