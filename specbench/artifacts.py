@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -160,7 +161,7 @@ def load_checkpoint(kind: str, model_key: str, structure: dict, where="auto", re
             f"checkpoint {path} was trained for {ckpt.get('kind')} on model {ckpt.get('model_key')} with "
             f"{ckpt.get('structure')}, not {kind} on {model_key} with {structure}"
         )
-    ckpt["path"] = str(path)
+    ckpt["path"], ckpt["fix"] = str(path), f"delete it and re-create it with `{hint}`"
     return ckpt
 
 
@@ -174,11 +175,57 @@ def trained_summary(settings: dict | None) -> str | None:
     return text
 
 
-def apply_checkpoint(module, ckpt: dict | None, target, info: dict, strict: bool = True):
-    """Load `ckpt` (if any) into a trainable part, record where it came from in `info`, and
-    make the part ready for inference on the target's device, dtype and linear backend, frozen."""
+def expected_state(module, keep=lambda name: True) -> dict:
+    """name -> (shape, dtype) of what a checkpoint must hold for `module` (the names `keep` selects)."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items() if keep(k)}
+
+
+def check_state(state, expected: dict, path, fix: str = "") -> None:
+    """`state` holds exactly `expected`'s names (see expected_state), each a tensor of that shape, of
+    a floating dtype where the model's is one, with finite values; else one line naming the file.
+    Shapes are compared before the caller allocates anything the checkpoint sizes."""
+    fix = f"; {fix}" if fix else ""
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpecBenchError(f"checkpoint {path} is not a flat state dict of tensors{fix}")
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    problems = ([f"missing key {missing[0]!r} ({len(missing)} missing)"] if missing else []) + (
+        [f"unexpected key {unexpected[0]!r} ({len(unexpected)} the model does not have)"] if unexpected else [])
+    if problems:
+        raise SpecBenchError(f"checkpoint {path}: {'; '.join(problems)}{fix}")
+    for k, (shape, dtype) in expected.items():
+        t = state[k]
+        if tuple(t.shape) != tuple(shape):
+            raise SpecBenchError(f"checkpoint {path}: {k!r} has shape {list(t.shape)}, the model needs {list(shape)}{fix}")
+        if t.dtype.is_floating_point != dtype.is_floating_point or t.is_complex():
+            raise SpecBenchError(f"checkpoint {path}: {k!r} is {t.dtype}, the model needs {dtype}{fix}")
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            raise SpecBenchError(f"checkpoint {path}: {k!r} holds NaN or infinite values{fix}")
+
+
+def read_weights_file(path: Path, layout: str) -> dict:
+    """A flat {name: tensor} from a .safetensors file or a torch file loaded with weights_only (no
+    pickle ever runs); any problem (damage, a refused pickle, not a state dict) is one line."""
+    try:
+        if Path(path).suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - damaged, truncated, a pickle weights_only refuses, a directory
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise SpecBenchError(f"{path}: cannot read ({type(e).__name__}: {reason}); {layout}") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise SpecBenchError(f"{path}: not a flat state dict of tensors; {layout}")
+    return state
+
+
+def apply_checkpoint(module, ckpt: dict | None, target, info: dict):
+    """Load `ckpt` (if any) into a trainable part, strictly (check_state), record where it came from in
+    `info`, and make the part ready for inference on the target's device, dtype and backend, frozen."""
     if ckpt is not None:
-        module.load_state_dict(ckpt["state"], strict=strict)
+        check_state(ckpt["state"], expected_state(module), ckpt["path"], ckpt.get("fix", ""))
+        module.load_state_dict(ckpt["state"])
         info["checkpoint"] = ckpt["path"]
         info["train_settings"] = ckpt.get("settings")
         info["trained"] = trained_summary(ckpt.get("settings"))
@@ -195,9 +242,10 @@ def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> dict | 
                            model_name=target.name)
     if ckpt is None:
         return None
-    missing, unexpected = draft.model.load_state_dict(ckpt["state"], strict=False)
-    if unexpected:
-        raise SpecBenchError(f"checkpoint {ckpt['path']} does not match the draft model (unexpected {unexpected[:3]})")
+    # what training saves: the layers and the final norm (the embeddings and the head are the target's)
+    check_state(ckpt["state"], expected_state(draft.model, lambda k: ".layers." in k or k.endswith("norm.weight")),
+                ckpt["path"], ckpt["fix"])
+    draft.model.load_state_dict(ckpt["state"], strict=False)  # strict above; the rest is the target's
     return ckpt
 
 

@@ -165,6 +165,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "method": cfg.method.name,
         "controller": getattr(getattr(method, "controller", None), "name", None),
         "task": cfg.task.name,
+        "task_notes": task.notes(),
         "model": cfg.model.name,
         "model_key": getattr(ar_target, "key", None),
         "baseline_weights": method.baseline_weights,

@@ -155,7 +155,7 @@ _FIELDS = {"path": PATH, "prompt_field": STR(), "id_field": STR(null=True), "cat
            "reference_field": STR(null=True)}
 TASKS = {
     "gsm8k": _TASK | {"fewshot_index": INT(0, null=True)},
-    "humaneval": _TASK | {"timeout_s": POS(), "memory_mb": INT(1)},
+    "humaneval": _TASK | {"timeout_s": POS(), "memory_mb": INT(1), "allow_unisolated": BOOL()},
     "jsonl": _TASK | _FIELDS,
     "mt_bench": _TASK | {"categories": LIST(STR(), null=True)},
     "spec_bench": _TASK | _FIELDS | {"url": STR(), "group_mt_bench": BOOL(), "categories": LIST(STR(), null=True)},

@@ -212,6 +212,7 @@ def print_summary(s: dict, meta: dict) -> str:
         f"lossless by design: {meta['lossless']}   outputs identical to AR: {s.get('matches_ar', 0)}/{s['samples']}",
         "settings: " + ", ".join(f"{k}={v}" for k, v in meta["method_settings"].items() if k not in ("method", "lossless")),
     ]
+    lines += [f"WARNING: {note}" for note in meta.get("task_notes") or []]
     if meta["method_settings"].get("draft_trained") is False:
         lines.append("note: the draft is untrained (run `python -m specbench.train` to distil it); expect a slowdown")
     if s["samples"]:

@@ -1,18 +1,21 @@
 """The HumanEval sandbox against hostile programs (harmless markers only).
 
 The isolated path needs bubblewrap (`apt-get install bubblewrap`; .ci/run installs it): without
-it these tests FAIL, on purpose, rather than skip. Programs that attack the harness itself (kill
-the parent, read its environment) run against a throw-away harness process, never pytest.
+it these tests FAIL, on purpose, rather than skip (except the fail-closed tests, which hide it).
+Programs that attack the harness itself (kill the parent, read its environment) run against a
+throw-away harness process, never pytest.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +24,9 @@ import pytest
 from specbench.errors import SpecBenchError
 from specbench.tasks import sandbox
 from specbench.tasks.base import Sample
+from specbench.tasks import humaneval
 from specbench.tasks.humaneval import HumanEval
-from specbench.tasks.sandbox import run_python
+from specbench.tasks.sandbox import run_judged, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = [pytest.param(True, id="bwrap"), pytest.param(False, id="plain")]
@@ -187,7 +191,7 @@ def test_limits_must_be_positive(timeout_s, memory_mb):
         run_python("pass", timeout_s=timeout_s, memory_mb=memory_mb)
 
 
-def test_plain_fallback_warns_loudly(capfd):
+def test_plain_opt_in_warns_loudly(capfd):
     sandbox._warn_unisolated.cache_clear()
     assert run_python("pass", isolate=False).passed
     assert "WITHOUT isolation" in capfd.readouterr().err
@@ -198,3 +202,173 @@ def test_sees_no_project_or_home_files(isolated):
     code = "".join(f"try:\n    open({str(p)!r}).read()\n    print('read', {str(p)!r})\nexcept OSError:\n    pass\n" for p in targets)
     r = run_python(code, isolate=True)
     assert r.passed and "read" not in r.output, r.output
+
+
+# -- a pass cannot be forged from inside --------------------------------------------------------
+ADD = {"task_id": "T/1", "prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n", "entry_point": "add",
+       "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+       "canonical_solution": "    return a + b\n"}
+WRONG = "def add(a, b):\n    return a - b\n"
+# each candidate token printed last, then out before the checks (what beat the old wrapper's token)
+EXIT_LAST = ("import os, re, sys\nfor t in dict.fromkeys(t for t in found if re.fullmatch('[0-9a-f]{32}', t)):\n"
+             "    print(t)\nsys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n")
+FORGERIES = {
+    # what defeated the old token: read it from the wrapper's frames, print it at the end
+    "frames": WRONG + (
+        "import sys, gc\nf = sys._getframe()\nfound = []\nwhile f is not None:\n"
+        "    found += [str(v) for v in f.f_locals.values() if isinstance(v, str)]\n    f = f.f_back\n"
+        "found += [o for o in gc.get_objects() if isinstance(o, str) and len(o) == 32]\n"
+        + EXIT_LAST
+    ),
+    "environment": WRONG + (
+        "import os\nfound = list(os.environ.values())\n"
+        "for p in [q for q in os.listdir('/proc') if q.isdigit()]:\n"
+        "    try:\n        found += open(f'/proc/{p}/environ').read().split('\\0')\n"
+        "    except OSError:\n        pass\n" + EXIT_LAST
+    ),
+    "fake_token_and_verdict": WRONG + (
+        "import os, json\nline = json.dumps({'verdict': 'passed', 'reason': ''}) + '\\n'\n"
+        "print('0123456789abcdef0123456789abcdef')\nprint(line)\n"
+        "for fd in range(1, 64):\n    try:\n        os.write(fd, ('\\n0123456789abcdef\\n' + line).encode())\n"
+        "    except OSError:\n        pass\n"
+    ),
+    "exit_zero_at_import": WRONG + "import os\nos._exit(0)\n",
+    "exit_zero_in_the_call": "def add(a, b):\n    import os\n    os._exit(0)\n",
+    "always_equal": "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+                    "def add(a, b):\n    return Any()\n",
+    "always_equal_int": "class Int(int):\n    def __eq__(self, other):\n        return True\n"
+                        "def add(a, b):\n    return Int(7)\n",
+    "forged_reply": "import os, json\nos.write(1, (json.dumps({'ok': 5}) + '\\n') * 4)\n" + WRONG,
+    "signal_everyone": WRONG + (
+        "import os, signal\nfor pid in [os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGKILL):\n        try:\n"
+        "            os.kill(pid, sig) if pid != os.getpid() else None\n        except OSError:\n            pass\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_a_pass_cannot_be_forged(name, isolated):
+    check_not_forged(HumanEval({"timeout_s": 10, "memory_mb": 512}), name)
+
+
+@pytest.mark.parametrize("name", ["frames", "environment", "fake_token_and_verdict", "always_equal"])
+def test_no_token_to_steal_even_unisolated(name, no_bwrap):
+    check_not_forged(HumanEval({"timeout_s": 10, "memory_mb": 512, "allow_unisolated": True}), name)
+
+
+def check_not_forged(t, name):
+    s = Sample(id="T/1", turns=["x"], reference=ADD)
+    assert t.score(s, [f"```python\n{FORGERIES[name]}\n```"]) == {"pass@1": 0.0}
+    assert t.score(s, [f"```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
+
+
+def test_signalling_the_parent_leaves_the_harness_standing(isolated):
+    code = "def add(a, b):\n    return a + b\n" + FORGERIES["signal_everyone"].split(WRONG, 1)[1]
+    harness = HARNESS.replace("r = run_python(code, timeout_s=20, memory_mb=1024, isolate=isolate)",
+                              "r = run_judged([code], 'add', " + repr(ADD["test"]) + ", timeout_s=20, isolate=isolate)")
+    harness = harness.replace("import run_python", "import run_judged")
+    proc = subprocess.run([sys.executable, "-c", harness, "true"], input=code, capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "harness survived" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.splitlines()[0])["passed"]  # a right answer still counts
+
+
+def test_results_cross_as_plain_data_exactly(isolated):
+    prog = ("def f(x):\n    return [(1, 2.5), {'a': {3, 4}}, {(1, 2): b'\\x00'}, float('nan'), float('inf'), "
+            "True, None, 1j, frozenset([x])]\n")
+    check = ("import math\ndef check(c):\n    r = c(9)\n    assert r[:3] == [(1, 2.5), {'a': {3, 4}}, {(1, 2): b'\\x00'}]\n"
+             "    assert math.isnan(r[3]) and r[4] == math.inf and r[5] is True and r[6] is None\n"
+             "    assert r[7] == 1j and r[8] == frozenset([9]) and type(r[0]) is tuple\n"
+             "    try:\n        c('a', 'b')\n    except TypeError:\n        pass\n    else:\n        raise AssertionError\n")
+    r = run_judged([prog], "f", check)
+    assert r.passed, r.output
+
+
+# -- fails closed -------------------------------------------------------------------------------
+def path_without_bwrap(shadow: Path) -> str:
+    """A PATH with every program of the current one but bwrap (links in one folder)."""
+    shadow.mkdir(exist_ok=True)
+    for d in os.environ.get("PATH", "").split(os.pathsep) + [os.path.dirname(sys.executable)]:
+        for name in (os.listdir(d) if os.path.isdir(d) else []):
+            if name != "bwrap" and not (shadow / name).exists():
+                (shadow / name).symlink_to(Path(d) / name)
+    return str(shadow)
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch, tmp_path):
+    """bwrap hidden from PATH, in this process and in the children it starts."""
+    monkeypatch.setenv("PATH", path_without_bwrap(tmp_path / "bin"))
+    sandbox.bwrap_usable.cache_clear()
+    yield
+    sandbox.bwrap_usable.cache_clear()
+
+
+def test_without_bwrap_nothing_runs(no_bwrap):
+    assert sandbox.bwrap_usable() is None
+    with pytest.raises(SpecBenchError, match="bubblewrap.*task.allow_unisolated=true"):
+        HumanEval({"num_samples": 1}).load()
+    with pytest.raises(SpecBenchError, match="bubblewrap"):
+        run_python("pass")
+
+
+def test_without_bwrap_the_cli_stops_before_decoding(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": path_without_bwrap(tmp_path / "bin")}
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "specbench", "method=ar", "task=humaneval", "task.num_samples=1",
+                           f"run_dir={run_dir}"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("specbench: error:") and "bubblewrap" in errors[0], proc.stderr
+    assert not run_dir.exists()
+
+
+def test_the_opt_in_runs_unisolated_and_says_so(no_bwrap):
+    t = HumanEval({"allow_unisolated": True, "timeout_s": 10, "memory_mb": 512})
+    t.check_sandbox()
+    assert any("WITHOUT isolation" in n for n in t.notes())
+    s = Sample(id="T/1", turns=["x"], reference=ADD)
+    assert t.score(s, ["```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
+    with pytest.raises(SpecBenchError, match="task.allow_unisolated='yes'"):
+        HumanEval({"allow_unisolated": "yes"}).load()
+
+
+def test_isolated_runs_have_no_notes(isolated):
+    assert HumanEval({}).notes() == []
+
+
+# -- a program that cannot start is an error, never a silent fail -------------------------------
+def test_a_sandbox_that_cannot_start_python_stops_the_run(isolated, monkeypatch):
+    monkeypatch.setattr(sandbox, "_host_view", lambda: ["--tmpfs", "/tmp"])  # no system, no python inside
+    r = run_python("pass")
+    assert (r.passed, r.status, r.started) == (False, "error", False)
+    with pytest.raises(SpecBenchError, match="sandbox does not work here"):
+        HumanEval({}).check_sandbox()
+    s = Sample(id="T/1", turns=["x"], reference=ADD)
+    with pytest.raises(SpecBenchError, match="could not start python for T/1"):
+        HumanEval({}).score(s, ["```python\ndef add(a, b):\n    return a + b\n```"])
+
+
+def test_a_venv_under_tmp_is_visible_inside(isolated, tmp_path_factory):
+    venv = Path(tempfile.mkdtemp(prefix="specbench-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+        harness = HARNESS.replace("isolate=isolate)", "isolate=isolate)\nimport sys; assert sys.prefix.startswith('/tmp')")
+        proc = subprocess.run([str(venv / "bin" / "python"), "-c", harness, "true"], input="assert 1 + 1 == 2\n",
+                              capture_output=True, text=True, timeout=120, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        result = json.loads(proc.stdout.splitlines()[0])
+        assert (result["passed"], result["status"]) == (True, "passed"), proc.stdout + proc.stderr
+    finally:
+        shutil.rmtree(venv)
+
+
+def test_untrusted_text_is_never_compiled_in_the_parent(isolated, monkeypatch):
+    deep = "```python\ndef add(a, b):\n    return a + b + " + " + ".join(["0"] * 5000) + "\n```"
+    compiled = []
+    real = compile
+    monkeypatch.setattr("builtins.compile", lambda src, *a, **k: compiled.append(src) or real(src, *a, **k))
+    s = Sample(id="T/1", turns=["x"], reference=ADD)
+    assert HumanEval({}).score(s, [deep]) == {"pass@1": 0.0}  # too deep for the compiler: fails, harness intact
+    assert not any("+ 0 + 0" in str(c) for c in compiled)

@@ -6,8 +6,8 @@ import pytest
 from specbench.errors import SpecBenchError
 from specbench.tasks import TASKS, Sample, build_task
 from specbench.tasks.gsm8k import extract_number
-from specbench.tasks.humaneval import build_program
-from specbench.tasks.sandbox import run_python
+from specbench.tasks.humaneval import program_sources
+from specbench.tasks.sandbox import run_judged, run_python
 
 BUILTIN = ["gsm8k", "xsum", "humaneval", "mt_bench"]
 
@@ -126,16 +126,16 @@ def test_humaneval_score(data_dir):
         assert t.score(s, [wrong]) == {"pass@1": 0.0}
 
 
-def test_humaneval_build_program_variants():
+def test_humaneval_program_variants():
     problem = {"prompt": "import math\n\ndef f(x):\n    \"\"\"Root.\"\"\"\n", "entry_point": "f"}
-    check = "\nassert f(4) == 2\n"
+    check = "def check(f):\n    assert f(4) == 2\n"
     for reply in [
         "    return math.isqrt(x)\n",  # indented body
         "return math.isqrt(x)",  # body that lost its indent
         "```py\ndef f(x):\n    return math.isqrt(x)\n```",  # full function, import from the prompt
         "```python\ndef f(x):\n    return math.isqrt(x)\n",  # unclosed fence (cut off)
     ]:
-        assert run_python(build_program(reply, problem) + check).passed, reply
+        assert run_judged(program_sources(reply, problem), "f", check).passed, reply
 
 
 # -- mt_bench -----------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class DraftRef:
     model_key: str
     structure: dict
     device: Any = "cpu"
+    hidden_size: int | None = None  # the width of the hidden states it hands the controller
 
 
 class Controller:

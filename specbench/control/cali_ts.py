@@ -8,11 +8,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import load_checkpoint
+from specbench.artifacts import check_state, load_checkpoint
 from specbench.control.base import Controller, DraftInfo, DraftRef, check_round, register_controller
 from specbench.control.beta_ts import COUNTS, bernoulli, round_counts
 from specbench.errors import SpecBenchError, choice_error
 
+
+RETRAIN = "re-create it with `python -m specbench.train method=eesd`"
 
 class CaliPredictor(nn.Module):
     """EESD eq. 5: theta_M = sigmoid(W_p [W^i H_t^(T); H_{t+i}^(D)]), the probability that the i-th
@@ -82,13 +84,36 @@ class CaliPredictor(nn.Module):
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "CaliPredictor":
         try:  # weights_only: a crafted file cannot run code; a damaged one is a one-line error
             ckpt = torch.load(path, map_location=map_location, weights_only=True)
-            model = cls(ckpt["d"], ckpt["max_i"])
-            model.load_state_dict(ckpt["state_dict"])
         except Exception as e:  # noqa: BLE001
             reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
             raise SpecBenchError(f"Cali-TS predictor {path} is damaged or not a CaliPredictor.save file ({reason}); "
-                                 "re-create it with `python -m specbench.train method=eesd`") from None
-        return model.eval()
+                                 f"{RETRAIN}") from None
+        if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+            raise SpecBenchError(f"Cali-TS predictor {path} is not a CaliPredictor.save file (no state_dict); {RETRAIN}")
+        state = ckpt["state_dict"]
+        d, max_i = cls.sizes(state, path)
+        if (ckpt.get("d"), ckpt.get("max_i")) != (d, max_i):
+            raise SpecBenchError(f"Cali-TS predictor {path} says d={ckpt.get('d')!r}, max_i={ckpt.get('max_i')!r}, "
+                                 f"its weights are for d={d}, max_i={max_i}; {RETRAIN}")
+        return cls.from_state(state, d, max_i, path).eval()
+
+    @staticmethod
+    def sizes(state: dict, path) -> tuple[int, int]:
+        """(d, max_i) from the weights' own shapes (W: [max_i, d, d]), read before anything is built:
+        a number in a small file must never size a large allocation."""
+        w = state.get("W") if isinstance(state, dict) else None
+        if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.shape[1] != w.shape[2] or 0 in w.shape:
+            raise SpecBenchError(f"Cali-TS predictor {path}: 'W' must be a [max_i, d, d] tensor; {RETRAIN}")
+        return int(w.shape[1]), int(w.shape[0])
+
+    @classmethod
+    def from_state(cls, state: dict, d: int, max_i: int, path) -> "CaliPredictor":
+        expected = {"W": ((max_i, d, d), torch.float32), "proj.weight": ((1, 2 * d), torch.float32),
+                    "proj.bias": ((1,), torch.float32)}
+        check_state(state, expected, path, RETRAIN)  # every shape follows from W's: checked before building
+        model = cls(d, max_i)
+        model.load_state_dict(state)
+        return model
 
 
 @register_controller
@@ -155,9 +180,11 @@ class CaliTS(Controller):
         ckpt = load_checkpoint("cali", draft.model_key, draft.structure, "auto", required=False)
         if ckpt is None:
             return params | {"predictor": None}
-        d = ckpt["state"]["proj.weight"].shape[-1] // 2  # proj: [1, 2d]
-        pred = CaliPredictor(d, int(ckpt["settings"].get("max_i", 10)))
-        pred.load_state_dict(ckpt["state"])
+        d, max_i = CaliPredictor.sizes(ckpt["state"], ckpt["path"])
+        if draft.hidden_size is not None and d != draft.hidden_size:
+            raise SpecBenchError(f"Cali-TS predictor {ckpt['path']} is for hidden size {d}, the draft's is "
+                                 f"{draft.hidden_size}; {ckpt['fix']}")
+        pred = CaliPredictor.from_state(ckpt["state"], d, max_i, ckpt["path"])
         # on the draft's device (no host copy of each hidden state); float32 whatever the model
         # dtype: its inputs are cast to its weights (CaliPredictor.logits)
         return params | {"predictor": pred.to(draft.device), "predictor_path": str(ckpt["path"])}

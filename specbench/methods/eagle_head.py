@@ -29,9 +29,11 @@ from torch import nn
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
-from specbench.artifacts import apply_checkpoint, load_checkpoint
+from specbench.artifacts import apply_checkpoint, load_checkpoint, read_weights_file
 
 TRAIN_CMD = "python -m specbench.train method=eagle model={model}"
+EAGLE_LAYOUT = ("expected the EAGLE authors' layout: config.json (hidden_size, num_hidden_layers 1) and model.safetensors "
+                "or pytorch_model.bin with fc.weight (fc.bias) and layers.0.*")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -70,11 +72,7 @@ def _read_weights(path: Path) -> dict:
     for name in WEIGHT_FILES:
         f = path / name
         if f.is_file():
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                return load_file(str(f))
-            return torch.load(f, map_location="cpu", weights_only=True)
+            return read_weights_file(f, EAGLE_LAYOUT)
     raise SpecBenchError(f"EAGLE checkpoint {path} has no weights file (need one of: {', '.join(WEIGHT_FILES)})")
 
 
@@ -84,7 +82,12 @@ def load_released(target: ModelAdapter, path: Path) -> tuple[EagleHead, dict]:
     conf_path = path / "config.json"
     if not conf_path.is_file():
         raise SpecBenchError(f"EAGLE checkpoint {path} has no config.json")
-    conf = json.loads(conf_path.read_text())
+    try:
+        conf = json.loads(conf_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecBenchError(f"EAGLE checkpoint {conf_path}: cannot read ({type(e).__name__}); {EAGLE_LAYOUT}") from None
+    if not isinstance(conf, dict):
+        raise SpecBenchError(f"EAGLE checkpoint {conf_path}: a JSON {type(conf).__name__}, not an object; {EAGLE_LAYOUT}")
     for key, want in (("hidden_size", target.hidden_size), ("num_hidden_layers", 1)):
         if conf.get(key) != want:
             raise SpecBenchError(f"EAGLE checkpoint {path}: config {key}={conf.get(key)}, need {want} for model {target.name}")
@@ -93,17 +96,9 @@ def load_released(target: ModelAdapter, path: Path) -> tuple[EagleHead, dict]:
     if emb is not None and tuple(emb.shape) != tuple(target.embed_tokens.weight.shape):
         raise SpecBenchError(f"EAGLE checkpoint {path}: embed_tokens.weight has shape {tuple(emb.shape)}, "
                              f"the target's is {tuple(target.embed_tokens.weight.shape)}")
-    head = EagleHead(target, bias="fc.bias" in state)
-    own = head.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(set(own) & set(state))
-              if state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        parts = [f"missing {missing[:4]}" if missing else "", f"unexpected {unexpected[:4]}" if unexpected else "",
-                 f"shape mismatch {shapes[:3]}" if shapes else ""]
-        raise SpecBenchError(f"EAGLE checkpoint {path} does not fit model {target.name}: " + "; ".join(p for p in parts if p))
+    head = EagleHead(target, bias="fc.bias" in state)  # its sizes are the target's, never the file's
     info = {"head_trained": True, "format": "released"}
-    ckpt = {"state": state, "path": str(path), "settings": {"config": conf}}
+    ckpt = {"state": state, "path": str(path), "settings": {"config": conf}, "fix": EAGLE_LAYOUT}
     return apply_checkpoint(head, ckpt, target, info), info
 
 

@@ -79,7 +79,7 @@ def load_early_exit(target: ModelAdapter, cfg) -> tuple[EarlyExit, dict]:
     ckpt = load_checkpoint("eesd", target.key, exit_.structure(), where, required=not cfg.get("allow_untrained", False),
                            model_name=target.name)
     info = {"n_layers": exit_.n_layers, "head": exit_.head_mode, "exit_trained": ckpt is not None}
-    return apply_checkpoint(exit_, ckpt, target, info, strict=False), info
+    return apply_checkpoint(exit_, ckpt, target, info), info
 
 
 @register_method
@@ -97,7 +97,7 @@ class EESD(SpeculativeMethod):
 
     def draft_ref(self) -> DraftRef:
         # a Cali-TS predictor is trained with one early-exit layer: the controller factory finds it by this
-        return DraftRef(self.target.key, self.exit.structure(), self.target.device)
+        return DraftRef(self.target.key, self.exit.structure(), self.target.device, self.target.hidden_size)
 
     def describe(self) -> dict:
         return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}

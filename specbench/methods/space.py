@@ -34,7 +34,7 @@ import json
 import torch
 from torch import nn
 
-from specbench.artifacts import load_checkpoint, trained_summary
+from specbench.artifacts import check_state, expected_state, load_checkpoint, trained_summary
 from specbench.engine.sampling import probs, sample
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
 from specbench.engine.verify import Layout, Proposal
@@ -98,7 +98,8 @@ def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missin
         raise SpecBenchError(missing)
     ft = finetuned_copy(target, kind if ckpt is not None else f"{kind}-untrained", structure)
     if ckpt is not None:
-        state = ckpt["state"]["model"]
+        state = ckpt["state"].get("model")
+        check_state(state, expected_state(ft.model), ckpt["path"], ckpt["fix"])
         head, emb = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
         if head is not None and emb is not None and not torch.equal(head, emb):
             untie_lm_head(ft.model)  # trained untied (a LoRA-adapted head): a tied copy would load one of the two

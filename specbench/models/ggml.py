@@ -198,9 +198,12 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
         raise SpecBenchError("model.backend=ggml needs a C compiler (cc/gcc, e.g. `apt-get install gcc`); use hybrid")
     flags = [*CFLAGS, *extra_flags]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(("".join(p.read_text() for p in SOURCES) + version + " ".join(flags) + os.uname().machine).encode()).hexdigest()[:16]
+    # the CPU's instruction sets are part of the key: a cache shared by cluster nodes must never hand
+    # a -march=native build to an older CPU (an illegal instruction kills the run)
+    key = hashlib.sha256(("".join(p.read_text() for p in SOURCES) + version + " ".join(flags) + os.uname().machine
+                          + cpu_flags()).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"ggml_kernels-{key}.so"
-    if out.is_file():
+    if verified(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -208,8 +211,44 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
         res = subprocess.run([cc, *flags, "-o", str(so), *map(str, SOURCES)], capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise SpecBenchError(f"model.backend=ggml: compiling the kernels failed: {res.stderr.strip()[-400:]}")
+        digest = Path(tmp) / "digest"
+        digest.write_text(_sha256(so))
+        os.replace(digest, _digest_path(out))  # the digest first: a library is never visible without one
         os.replace(so, out)  # atomic: concurrent runs never load a half-written library
+    if not verified(out):
+        raise SpecBenchError(f"model.backend=ggml: the kernel library {out} does not match its recorded hash right after "
+                             "it was built (another process rebuilding it, or a failing disk); run again")
     return out
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags (x86 `flags`, Arm `Features`), sorted; '' where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    return " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return ""
+
+
+def _digest_path(so: Path) -> Path:
+    return so.with_name(so.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def verified(so: Path) -> bool:
+    """The cached library exists and has the hash recorded when it was built (loading a truncated
+    one would kill the process with SIGBUS; a missing or different one is rebuilt)."""
+    try:
+        return so.is_file() and _digest_path(so).read_text().strip() == _sha256(so)
+    except OSError:
+        return False
 
 
 def load(path: Path) -> ctypes.CDLL:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specbench.artifacts import check_state, read_weights_file
 from specbench.errors import SpecBenchError
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -107,31 +108,35 @@ def is_medusa_checkpoint(where) -> bool:
             and not w.endswith((".pt", ".pth", ".bin", ".safetensors", ".json")))
 
 
-def _read_state(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
-        raise SpecBenchError(f"{path}: cannot read ({type(e).__name__}); {MEDUSA_LAYOUT}") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise SpecBenchError(f"{path}: not a flat state dict of tensors; {MEDUSA_LAYOUT}")
-    return state
-
-
 def medusa_config(d: Path) -> dict:
     cfg_path = d / "config.json"
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SpecBenchError(f"{cfg_path}: cannot read ({type(e).__name__}); {MEDUSA_LAYOUT}") from None
-    for key in ("medusa_num_heads",):
-        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
-            raise SpecBenchError(f"{cfg_path}: no positive integer {key!r}; {MEDUSA_LAYOUT}")
+    if not isinstance(cfg, dict):
+        raise SpecBenchError(f"{cfg_path}: a JSON {type(cfg).__name__}, not an object; {MEDUSA_LAYOUT}")
     cfg.setdefault("medusa_num_layers", 1)  # MedusaConfig's default
+    for key, low in (("medusa_num_heads", 1), ("medusa_num_layers", 0)):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            kind = "positive" if low else "non-negative"
+            raise SpecBenchError(f"{cfg_path}: no {kind} integer {key!r}; {MEDUSA_LAYOUT}")
     return cfg
+
+
+def medusa_names(K: int, L: int):
+    """The names in Medusa's state dict, in order (a generator: config.json's K and L may be absurd)."""
+    for i in range(K):
+        for j in range(L):
+            yield from (f"{i}.{j}.linear.weight", f"{i}.{j}.linear.bias")
+        yield f"{i}.{L}.weight"
+
+
+def medusa_shapes(K: int, L: int, d: int, V: int, dtype: torch.dtype) -> dict:
+    """name -> (shape, dtype) of Medusa's state dict (artifacts.check_state), without building the heads."""
+    return {n: ((V, d) if n.endswith(f".{L}.weight") and ".linear." not in n else
+                (d, d) if n.endswith("weight") else (d,), dtype) for n in medusa_names(K, L)}
 
 
 def load_medusa_heads(where: str, hidden: int, vocab: int, dtype: torch.dtype = torch.float32) -> tuple[PublishedMedusaHeads, dict]:
@@ -142,21 +147,13 @@ def load_medusa_heads(where: str, hidden: int, vocab: int, dtype: torch.dtype = 
     path = next((d / f for f in MEDUSA_FILES if (d / f).is_file()), None)
     if path is None:
         raise SpecBenchError(f"{d}: no {' or '.join(MEDUSA_FILES)}; {MEDUSA_LAYOUT}")
-    state = _read_state(path)
+    state = read_weights_file(path, MEDUSA_LAYOUT)
     K, L = int(cfg["medusa_num_heads"]), int(cfg["medusa_num_layers"])
+    if K * (2 * L + 1) > len(state):  # config.json's numbers size nothing before they fit the file
+        first = next(n for n in medusa_names(K, L) if n not in state)
+        raise SpecBenchError(f"{path}: missing key {first!r} (config.json says {K} heads x {L} blocks); {MEDUSA_LAYOUT}")
+    check_state(state, medusa_shapes(K, L, hidden, vocab, dtype), path, f"(d={hidden}, V={vocab}) {MEDUSA_LAYOUT}")
     heads = PublishedMedusaHeads(hidden, vocab, K, L).to(dtype)  # load straight into the model's dtype
-    want = {k: tuple(v.shape) for k, v in heads.medusa_head.state_dict().items()}
-    missing = sorted(set(want) - set(state))
-    if missing:
-        raise SpecBenchError(f"{path}: missing key {missing[0]!r} ({len(missing)} missing; config.json says "
-                             f"{K} heads x {L} blocks); {MEDUSA_LAYOUT}")
-    extra = sorted(set(state) - set(want))
-    if extra:
-        raise SpecBenchError(f"{path}: unexpected key {extra[0]!r} (config.json says {K} heads x {L} blocks); {MEDUSA_LAYOUT}")
-    for k, shape in want.items():
-        if tuple(state[k].shape) != shape:
-            raise SpecBenchError(f"{path}: {k!r} has shape {list(state[k].shape)}, the model needs {list(shape)} "
-                                 f"(d={hidden}, V={vocab}); {MEDUSA_LAYOUT}")
     heads.medusa_head.load_state_dict(state)
     info = {"num_heads": K, "medusa_num_layers": L, "heads_trained": True, "checkpoint": str(path),
             "published": True, "base_model": cfg.get("base_model_name_or_path")}

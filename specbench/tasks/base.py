@@ -81,6 +81,10 @@ class Task:
         idx = sorted(rng.sample(range(len(samples)), n))
         return [samples[i] for i in idx]
 
+    def notes(self) -> list[str]:
+        """Warnings about how this run's scores were obtained, for the summary (none by default)."""
+        return []
+
     # -- scoring ----------------------------------------------------------------------------
     def score(self, sample: Sample, replies: list[str]) -> dict[str, float]:
         """Quality scores of one sample's replies (one per turn). Empty dict: no score."""

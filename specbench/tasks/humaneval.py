@@ -1,12 +1,17 @@
-"""HumanEval: complete a Python function; pass@1 by running the unit tests in the sandbox."""
+"""HumanEval: complete a Python function; pass@1 by running the unit tests against it.
+
+The generated program runs in the sandbox (sandbox.py), the dataset's tests in a separate judge
+process that sees only plain-data results. Without working isolation the task refuses to start
+unless `task.allow_unisolated=true`, which the summary then reports."""
 
 from __future__ import annotations
 
 import re
 import textwrap
 
+from specbench.errors import SpecBenchError
 from specbench.tasks.base import Sample, Task, first_available, hub_source, local_source, read_jsonl, register_task
-from specbench.tasks.sandbox import run_python
+from specbench.tasks.sandbox import bwrap_usable, require_isolation, run_judged
 
 INSTRUCTION = "Complete the following Python function. Reply with the complete function in a ```python code block."
 
@@ -24,29 +29,25 @@ def extract_code(reply: str) -> str:
     return m.group(1) if m else reply
 
 
-def _compiles(code: str) -> bool:
-    try:
-        compile(code, "<candidate>", "exec")
-        return True
-    except (SyntaxError, ValueError):
-        return False
-
-
-def build_program(reply: str, problem: dict) -> str:
-    """The code to test: the reply's function, completed with the prompt where it is only a body."""
+def program_sources(reply: str, problem: dict) -> list[str]:
+    """The programs to try, in order; the sandbox runs the first that compiles (untrusted text is
+    never compiled here: a deeply nested expression can crash a compiler)."""
     code, head = extract_code(reply), problem["prompt"]
     if re.search(rf"^\s*def\s+{re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE):
         # keep the prompt in front: it has the imports and helper functions the reply may rely on;
         # the reply's definition replaces the prompt's (whose body is just its docstring)
-        full = f"{head}\n\n{code}"
-        return full if _compiles(full) else code
-    # only a body: as written if indented, else indented by us (chat replies often lose the indent)
+        return [f"{head}\n\n{code}", code]
+    # only a body: as written if indented, else indented by us (chat replies often lose the indent);
+    # the last one, if nothing compiles, shows the SyntaxError
     body = code.strip("\n")
-    for candidate in (body, textwrap.indent(textwrap.dedent(body), "    ")):
-        full = f"{head.rstrip()}\n{candidate}\n"
-        if _compiles(full):
-            return full
-    return f"{head}\n{code}"  # does not compile: let the test run report the SyntaxError
+    return [f"{head.rstrip()}\n{body}\n", f"{head.rstrip()}\n{textwrap.indent(textwrap.dedent(body), '    ')}\n",
+            f"{head}\n{code}"]
+
+
+# a known problem, answered right and wrong, run before any decoding: proves the sandbox works here
+SELF_TEST = ("def inc(x):\n    return x + 1\n", "def inc(x):\n    return x\n",
+             "def check(candidate):\n    assert candidate(41) == 42\n")
+OPT_IN = "task.allow_unisolated=true"
 
 
 @register_task
@@ -74,14 +75,47 @@ class HumanEval(Task):
             for r in rows
         ]
 
+    def load(self) -> list[Sample]:
+        self.check_sandbox()  # before any decoding: a run whose scores cannot be trusted never starts
+        return super().load()
+
+    def allow_unisolated(self) -> bool:
+        allow = self.cfg.get("allow_unisolated", False)
+        if not isinstance(allow, bool):
+            raise SpecBenchError(f"task.allow_unisolated={allow!r} is not allowed; expected true or false")
+        return allow
+
+    def isolated(self) -> bool:
+        """True: the sandbox; False: opted in to unisolated execution, and no sandbox here."""
+        if bwrap_usable():
+            return True
+        if not self.allow_unisolated():
+            require_isolation(OPT_IN)
+        return False
+
+    def notes(self) -> list[str]:
+        return [] if self.isolated() else [f"generated code ran WITHOUT isolation ({OPT_IN}): a pass can be forged"]
+
+    def check_sandbox(self) -> None:
+        right, wrong, check = SELF_TEST
+        results = [self._run([code], "inc", check) for code in (right, wrong)]
+        if [r.passed for r in results] != [True, False]:
+            r = results[0]
+            tail = r.output.strip().splitlines()[-1] if r.output.strip() else "no output"
+            raise SpecBenchError(f"the HumanEval sandbox does not work here: a known problem answered right scored "
+                                 f"{r.status}, answered wrong {results[1].status} ({tail[:200]})")
+
+    def _run(self, sources: list[str], entry_point: str, check: str):
+        return run_judged(sources, entry_point, check, timeout_s=float(self.cfg.get("timeout_s", 10)),
+                          memory_mb=int(self.cfg.get("memory_mb", 1024)), isolate=self.isolated())
+
     def score(self, sample: Sample, replies: list[str]) -> dict[str, float]:
         p = sample.reference
-        program = f"{build_program(replies[0], p)}\n{p['test']}\ncheck({p['entry_point']})\n"
-        result = run_python(
-            program,
-            timeout_s=float(self.cfg.get("timeout_s", 10)),
-            memory_mb=int(self.cfg.get("memory_mb", 1024)),
-        )
+        # the dataset's prompt (helpers the checks use) and tests run in the judge, never with the program
+        result = self._run(program_sources(replies[0], p), p["entry_point"], f"{p['prompt']}\n{p['test']}\n")
+        if not result.started:  # every sample would score 0: stop rather than report a silent 0.0
+            raise SpecBenchError(f"the HumanEval sandbox could not start python for {sample.id}: "
+                                 f"{result.output.strip().splitlines()[-1][:200]}")
         return {"pass@1": float(result.passed)}
 
 

@@ -1,27 +1,33 @@
-"""Run untrusted generated code in an isolated, resource-limited Python process.
+"""Run untrusted generated code in an isolated, resource-limited process, and judge it from outside.
 
-Isolation: with bubblewrap (`bwrap`, Debian package `bubblewrap`) the code runs in new PID,
-network, IPC and UTS namespaces, on a read-only view of the filesystem with a private tmpfs at
-/tmp, a fresh /proc and /dev, no capabilities, an empty environment, and `--die-with-parent`;
-of the host it sees only the system directories and this Python's installation (not the
-project, the data, or home directories).
-It sees none of the harness's processes (so it cannot signal the harness or read its
-environment), cannot reach the network and cannot write anywhere that outlives the call; when
-the sandbox's first process ends the kernel kills everything left in its PID namespace (a
-`setsid()` grandchild included). Without a usable bwrap the code runs in a plain subprocess, and
-a loud warning says so: that fallback only guards against accidents (loops, memory, stray
-children), not against hostile code.
+Isolation (bubblewrap, `bwrap`, Debian package `bubblewrap`): the program runs in new PID,
+network, IPC and UTS namespaces, on a read-only view of the system directories and this Python's
+installation only (not the project, the data, or home directories), with a private tmpfs at /tmp,
+a fresh /proc and /dev, no capabilities, an empty environment and `--die-with-parent`. It sees no
+process of the harness (cannot signal it or read its environment or memory), cannot reach the
+network and cannot write anywhere that outlives the call; when the sandbox's first process ends,
+the kernel kills everything left in its PID namespace (a `setsid()` grandchild included).
 
-Both ways: address-space, CPU-time, file-size and core limits; a wall-clock timeout; output read
-with a cap (a program that prints more is stopped); and a pass needs positive evidence: a random
-token, handed over on stdin, printed by the wrapper only after the program (the unit tests
-included) ran to its end. Exit status 0 alone (`os._exit(0)` before the checks) is a failure.
-Forging the token would need code that deliberately reads the wrapper's frames.
+Fails closed: without a usable bwrap nothing runs (SpecBenchError, one line) unless the caller
+opts in to unisolated execution (`isolate=False`, HumanEval's `task.allow_unisolated=true`); that
+mode guards against accidents only (loops, memory, stray children), never against hostile code.
+
+Judging (sandbox_child.py): the program runs in one process that only answers calls of its entry
+point over a pipe (plain data in and out); the trusted check code runs in a separate judge process
+that calls it through a proxy and writes its verdict to a descriptor the program never holds. A
+pass therefore needs the checks to have run to their end on plain-data results: no token to read
+or print, no always-equal object, no exit status (`os._exit(0)`) counts. `run_python` (a program
+alone, no checks) can only take the program's word that it ran to its end: use it for
+convenience, never to judge hostile code.
+
+Both modes: address-space, CPU-time, file-size and core limits on both processes; a wall-clock
+timeout; output read with a cap (a program that prints more is stopped).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import resource
@@ -34,33 +40,26 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from specbench.errors import SpecBenchError
 
 MAX_OUTPUT_CHARS = 4000  # the tail of the output kept in the result
 OUTPUT_CAP = 1 << 20  # bytes read at most; a program printing more is stopped
-ENV_MARK = "SPECBENCH_SANDBOX"  # set in the fallback's environment, to find strays to kill
-
-# reads the token and the program from stdin; prints the token only if the program returned
-WRAPPER = r"""
-import sys
-def _run(stdin=sys.stdin):
-    token = stdin.readline().strip()
-    source = stdin.read()
-    stdin.close()
-    exec(compile(source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    sys.stdout.flush()
-    sys.stdout.write("\n" + token + "\n")
-    sys.stdout.flush()
-_run()
-"""
+ENV_MARK = "SPECBENCH_SANDBOX"  # set in the unisolated program's environment, to find strays to kill
+CHILD = (Path(__file__).parent / "sandbox_child.py").read_text()
+INSTALL = ("install bubblewrap (apt-get install bubblewrap; dnf install bubblewrap) and make sure it can create "
+           "user namespaces")
 
 
 @dataclass
 class SandboxResult:
     passed: bool
-    status: str  # 'passed' | 'failed' (raised, or ended before the checks finished) | 'timeout' | 'error'
-    output: str  # the tail of stdout+stderr (the token removed)
+    # 'passed' | 'failed' (raised, or the checks did not finish) | 'timeout' | 'error' (killed by a
+    # signal, out of memory, output over the cap, or the program could not be started at all)
+    status: str
+    output: str  # the tail of the program's and the checks' output
+    started: bool = True  # False: the sandboxed python never started (the harness's problem, not the program's)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,6 +76,13 @@ def bwrap_usable() -> str | None:
     return exe if r.returncode == 0 else None
 
 
+def require_isolation(opt_in: str) -> None:
+    """One line, before anything runs, when there is no working isolation."""
+    if bwrap_usable() is None:
+        raise SpecBenchError(f"generated code runs only in an isolated sandbox, and bubblewrap (bwrap) is missing or "
+                             f"cannot create namespaces here: {INSTALL}, or set {opt_in} to run it WITHOUT isolation")
+
+
 # what the sandbox sees of the host, read-only: the system, and this Python's installation
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
@@ -84,7 +90,8 @@ ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/l
 
 
 def _host_view() -> list[str]:
-    args = []
+    # the private /tmp first: binds made after it may live under /tmp (a venv there) and stay visible
+    args = ["--tmpfs", "/tmp"]
     for p in SYSTEM_DIRS:
         if os.path.islink(p):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(p), p]
@@ -97,7 +104,7 @@ def _host_view() -> list[str]:
 
 def _bwrap_argv(exe: str) -> list[str]:
     return [
-        exe, *_host_view(), "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc",
+        exe, *_host_view(), "--dev", "/dev", "--proc", "/proc",
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
@@ -107,12 +114,9 @@ def _bwrap_argv(exe: str) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _warn_unisolated() -> None:
-    print(
-        "specbench: WARNING: bubblewrap (bwrap) is missing or cannot create namespaces here: generated code "
-        "runs in a plain subprocess WITHOUT isolation (it can read your files and environment, use the "
-        "network, and signal other processes). Install it: apt-get install bubblewrap",
-        file=sys.stderr,
-    )
+    print("specbench: WARNING: generated code runs in a plain subprocess WITHOUT isolation, as opted in (it can "
+          "read your files and environment, use the network, signal other processes, and forge its own pass)",
+          file=sys.stderr)
 
 
 def _limits(memory_mb: int, cpu_s: int):
@@ -134,98 +138,143 @@ def check_limits(timeout_s, memory_mb) -> None:
 
 
 def run_python(code: str, timeout_s: float = 10, memory_mb: int = 1024, isolate: bool | None = None) -> SandboxResult:
-    """Run `code`; passed iff it ran to its end (the token came back) and exited with 0.
+    """Run a program alone; passed iff it ran to its end (its own word: see the module docstring)."""
+    return run_judged([code], None, None, timeout_s=timeout_s, memory_mb=memory_mb, isolate=isolate)
 
-    `isolate`: None uses bwrap when usable (warning once when not), True requires it, False
-    forces the plain subprocess. 'timeout': wall or CPU time exceeded; 'error': killed by a
-    signal, out of memory, output over the cap, or could not start; 'failed': anything else.
+
+def run_judged(sources: list[str], entry_point: str | None, check_code: str | None, check: str = "check",
+               timeout_s: float = 10, memory_mb: int = 1024, isolate: bool | None = None) -> SandboxResult:
+    """Run the first of `sources` that compiles (in the sandbox), then the trusted `check_code` in a
+    judge process, which calls `check(proxy of entry_point)`; passed iff that returned.
+
+    `isolate`: None or True require bwrap (SpecBenchError without it); False runs unisolated (opt-in).
     """
     check_limits(timeout_s, memory_mb)
-    exe = bwrap_usable() if isolate is not False else None
-    if isolate and exe is None:
-        raise SpecBenchError("the sandbox needs bubblewrap (bwrap), which is missing or unusable here")
-    if exe is None:
+    exe = None
+    if isolate is not False:
+        require_isolation("isolate=False")
+        exe = bwrap_usable()
+    else:
         _warn_unisolated()
-    token = secrets.token_hex(16)
-    python = [sys.executable, "-I", "-c", WRAPPER]
+    mark = secrets.token_hex(16)
+    limits = _limits(memory_mb, math.ceil(timeout_s) + 1)
+    server = [sys.executable, "-I", "-c", CHILD, "server"]
     with tempfile.TemporaryDirectory(prefix="specbench-sandbox-") as tmp:
-        if exe:
-            argv, env = _bwrap_argv(exe) + python, {"PATH": os.defpath}
-        else:
-            env = {"PATH": os.environ.get("PATH", ""), "CUDA_VISIBLE_DEVICES": "", "HOME": tmp, ENV_MARK: token}
-            argv = python
+        spec = Path(tmp) / "spec.json"
+        spec.write_text(json.dumps({"sources": list(sources), "entry_point": entry_point, "check_code": check_code,
+                                    "check": check}))
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        out_r, out_w = os.pipe()
+        ver_r, ver_w = os.pipe()
+        procs = []
         try:
-            proc = subprocess.Popen(
-                argv, env=env, cwd=tmp, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                preexec_fn=_limits(memory_mb, math.ceil(timeout_s) + 1),
-                start_new_session=True,  # its own process group: killed as a whole
-            )
+            if exe:
+                argv, env = _bwrap_argv(exe) + server, {"PATH": os.defpath}
+            else:
+                argv, env = server, {"PATH": os.environ.get("PATH", ""), "CUDA_VISIBLE_DEVICES": "", "HOME": tmp,
+                                     ENV_MARK: mark}
+            procs.append(subprocess.Popen(argv, env=env, cwd=tmp, stdin=req_r, stdout=rep_w, stderr=out_w,
+                                          preexec_fn=limits, start_new_session=True))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-I", "-c", CHILD, "judge", str(req_w), str(ver_w), str(spec)],
+                env={"PATH": os.defpath}, cwd=tmp, stdin=rep_r, stdout=out_w, stderr=out_w, pass_fds=(req_w, ver_w),
+                preexec_fn=limits, start_new_session=True))
         except OSError as e:
-            return SandboxResult(False, "error", f"could not start python: {e}")
-        try:
-            out, outcome = _communicate(proc, f"{token}\n{code}".encode(), timeout_s)
+            for p in procs:
+                _kill_all(p, None)
+            return SandboxResult(False, "error", f"could not start python: {e}", started=False)
         finally:
-            _kill_all(proc, None if exe else token)
-    text = out.decode("utf-8", errors="replace")
-    evidence = text.rstrip().endswith(token)
-    text = text.replace(token, "").rstrip()[-MAX_OUTPUT_CHARS:]
-    rc = proc.returncode
-    if outcome == "timeout" or rc == -signal.SIGXCPU:
+            for fd in (req_r, req_w, rep_r, rep_w, out_w, ver_w):
+                os.close(fd)
+        server_proc, judge_proc = procs
+        out, verdict, outcome, server_rc, judge_rc = b"", b"", "error", None, None
+        try:
+            out, verdict, outcome = _collect(out_r, ver_r, timeout_s)
+            judge_rc = _exit_status(judge_proc) if outcome == "done" else None
+            server_rc = server_proc.poll()  # before we kill it: did it die on its own, and how?
+        finally:
+            _kill_all(server_proc, None if exe else mark)
+            _kill_all(judge_proc, None)
+            out += _drain(out_r, OUTPUT_CAP - len(out))
+            os.close(out_r)
+            os.close(ver_r)
+    return _classify(out.decode("utf-8", errors="replace"), verdict, outcome, server_rc, judge_rc)
+
+
+def _classify(text: str, verdict: bytes, outcome: str, server_rc, judge_rc) -> SandboxResult:
+    text = text.rstrip()[-MAX_OUTPUT_CHARS:]
+    try:
+        v = json.loads(verdict.decode())
+    except (UnicodeDecodeError, ValueError):
+        v = {}
+    said, reason = v.get("verdict"), v.get("reason", "")
+    if outcome == "timeout" or -signal.SIGXCPU in (server_rc, judge_rc):
         return SandboxResult(False, "timeout", text)
     if outcome == "overflow":
         return SandboxResult(False, "error", text + f"\n[output over {OUTPUT_CAP} bytes: stopped]")
-    if rc == 0 and evidence:
+    if said == "passed" and judge_rc == 0:
         return SandboxResult(True, "passed", text)
-    last_line = text.strip().splitlines()[-1] if text.strip() else ""
-    if rc is not None and rc < 0 or last_line.startswith("MemoryError"):
+    if said == "nostart":
+        return SandboxResult(False, "error", text + f"\n[{reason}]", started=False)
+    if said is None:
+        return SandboxResult(False, "error", text + "\n[the judge gave no verdict]")
+    if reason == "MemoryError" or (server_rc is not None and server_rc < 0) or (judge_rc is not None and judge_rc < 0):
         return SandboxResult(False, "error", text)
     return SandboxResult(False, "failed", text)
 
 
-def _communicate(proc: subprocess.Popen, data: bytes, timeout_s: float) -> tuple[bytes, str]:
-    """Send `data`, read at most OUTPUT_CAP bytes until EOF; ('done' | 'timeout' | 'overflow')."""
-    try:
-        proc.stdin.write(data)
-    except BrokenPipeError:
-        pass
-    finally:
-        try:
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
+def _collect(out_fd: int, verdict_fd: int, timeout_s: float) -> tuple[bytes, bytes, str]:
+    """Read the output (at most OUTPUT_CAP bytes) until the judge closes its verdict descriptor;
+    (output, verdict, 'done' | 'timeout' | 'overflow')."""
     deadline = time.monotonic() + timeout_s
-    chunks, size = [], 0
-    fd = proc.stdout.fileno()
-    while True:
+    out, verdict, fds = bytearray(), bytearray(), [out_fd, verdict_fd]
+    while verdict_fd in fds:
         left = deadline - time.monotonic()
         if left <= 0:
-            return b"".join(chunks), "timeout"
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            continue
+            return bytes(out), bytes(verdict), "timeout"
+        ready, _, _ = select.select(fds, [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                fds.remove(fd)
+            elif fd == out_fd:
+                out += chunk
+                if len(out) > OUTPUT_CAP:
+                    return bytes(out[:OUTPUT_CAP]), bytes(verdict), "overflow"
+            elif len(verdict) < 4096:
+                verdict += chunk
+    return bytes(out), bytes(verdict), "done"
+
+
+def _exit_status(proc: subprocess.Popen) -> int | None:
+    """The judge's exit status: it closed its verdict descriptor, so it is ending (None: it did not)."""
+    try:
+        return proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _drain(fd: int, cap: int) -> bytes:
+    """What is left in the output pipe once every writer is dead (bounded)."""
+    chunks, size = [], 0
+    while size < cap and select.select([fd], [], [], 0.5)[0]:
         chunk = os.read(fd, 65536)
         if not chunk:
             break
         chunks.append(chunk)
         size += len(chunk)
-        if size > OUTPUT_CAP:
-            return b"".join(chunks)[:OUTPUT_CAP], "overflow"
-    try:
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 1)
-    except subprocess.TimeoutExpired:
-        return b"".join(chunks), "timeout"
-    return b"".join(chunks), "done"
+    return b"".join(chunks)[:max(0, cap)]
 
 
 def _kill_all(proc: subprocess.Popen, mark: str | None) -> None:
-    """Kill the process group (under bwrap its PID namespace dies with it); in the fallback also
-    every process still carrying this call's environment mark (children that left the group)."""
+    """Kill the process group (under bwrap its PID namespace dies with it); unisolated, also every
+    process still carrying this call's environment mark (children that left the group)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-    proc.stdout.close()
     if mark:
         needle = f"{ENV_MARK}={mark}".encode()
         for pid in filter(str.isdigit, os.listdir("/proc")):
