@@ -173,10 +173,20 @@ def test_rest_trie_is_the_most_frequent_prefixes_of_the_longest_suffix_continuat
         assert min(want[p] for p in got) >= max(want[p] for p in dropped)
     if len(want) <= num_draft:
         assert set(got) == set(want)
-    for i in range(1, len(prop.tree or [])):  # children ranked by count, most frequent first
+    for i in range(len(prop.tree or [])):  # children ranked by count, most frequent first
         kids = prop.tree.children[i]
         counts = [want[got[k - 1]] for k in kids]
         assert counts == sorted(counts, reverse=True)
+
+
+def test_rest_keeps_the_most_frequent_branch_not_the_first_seen():
+    m = rest(tiny_model(), min_suffix=1, max_suffix=1, continuation_len=2, num_draft=2)
+    m.datastore = store([1, 5, 8, 1, 9, 6, 1, 9, 6, 1, 9, 7])  # after 1: 5 once (first in order), 9 three times
+    m.tokens = [1]
+    prop = m.propose(0)
+    assert proposal_paths(prop) == [(9,), (9, 6)]
+    m.num_draft = 4
+    assert proposal_paths(m.propose(0)) == [(9,), (5,), (9, 6), (5, 8)]  # rank 0: the more frequent; ties: first seen
 
 
 def test_rest_reads_at_most_max_matches_occurrences():
