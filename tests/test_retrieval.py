@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers import CONF, ar_tokens, build, method_cfg, tiny_model
+from helpers import CONF, ar_tokens, build, method_cfg, run_cli, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_lossless import SETTINGS, TARGETS, check_lossless, prompts
@@ -273,6 +273,18 @@ def test_global_trie_holds_exactly_the_methods_own_outputs_and_drafts_only_what_
 def test_bad_settings_are_one_line_errors(name, kw, words):
     with pytest.raises(SpecBenchError, match=words):
         rest(tiny_model(), **kw) if name == "rest" else suffix(tiny_model(), **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, line", [
+    (["method=rest", "method.num_draft=0"], "method.num_draft=0 is not allowed; expected an integer >= 1"),
+    (["method=rest", "method.corpus=[nope.txt]"], "datastore corpus file 'nope.txt' not found"),
+    (["method=suffix", "method.min_token_prob=1.5"], "method.min_token_prob=1.5 is not allowed; expected a number in [0, 1]"),
+])
+def test_bad_setting_on_the_command_line(args, line, tmp_path, data_dir):
+    r = run_cli([*args, "model=tiny-llama", "task.num_samples=1", f"run_dir={tmp_path}/run"], data_dir)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and line in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_datastore_is_cached_and_a_damaged_one_is_one_line(tmp_path, capsys):
