@@ -81,7 +81,7 @@ def main() -> None:
         import draftretriever
 
         index = Path(tempfile.mkdtemp()) / "datastore.idx"
-        w = draftretriever.Writer(index_file_path=str(index), vocab_size=target.vocab_size + 1)
+        w = draftretriever.Writer(str(index), vocab_size=target.vocab_size + 1)  # the 0.1.1 wheel: (file_path, vocab_size)
         w.add_entry(m.datastore.tokens.tolist())
         w.finalize()
         reader = draftretriever.Reader(index_file_path=str(index))
