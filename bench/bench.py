@@ -5,7 +5,7 @@
     python bench/bench.py --suite heads       # Medusa (greedy, typical) and SPACE
     python bench/bench.py --suite fidelity    # SPACE mask rules, Beta-TS counts, Cali-TS (issue 8)
     python bench/bench.py --suite draftvocab  # EESD and Self-SD drafting over the V' most frequent tokens
-    python bench/bench.py --suite trainingfree # PLD, Token Recycling, Lookahead, transformers' prompt lookup (issue 33)
+    python bench/bench.py --suite trainingfree # PLD, Token Recycling, Lookahead, transformers' prompt lookup, REST, SuffixDecoding (issue 33)
     python bench/bench.py --suite firstuse    # EESD, Medusa-1, Medusa-2, EAGLE-2, each trained on first use
                                               # with the same train.first_use budget (empty cache: trains)
 
@@ -92,6 +92,8 @@ SUITES = {
             ("lookahead", ["method=lookahead"]),
             ("lookahead-w4n3g4", ["method=lookahead", "method.window=4", "method.ngram=3", "method.guess=4"]),
             ("hf_assisted-pld10", ["method=hf_assisted", "method.mode=prompt_lookup", "method.k=10"]),
+            ("rest", ["method=rest"]),  # datastore: GSM8K train (docs/trainingfree_retrieval.md)
+            ("suffix", ["method=suffix"]),
         ],
     },
     # issue 8: SPACE's mask rule and Beta-TS's counts, before (literal) vs after (default)
