@@ -233,6 +233,9 @@ def rules(cfg) -> None:
     lo, hi = _get(cfg, "method.min_ngram"), _get(cfg, "method.max_ngram")
     if _get(cfg, "method.name") == "pld" and _present(lo, hi) and hi < lo:
         raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
+    lo, hi = _get(cfg, "method.min_suffix"), _get(cfg, "method.max_suffix")
+    if _get(cfg, "method.name") == "rest" and _present(lo, hi) and hi < lo:
+        raise _bad("method.max_suffix", hi, f"an integer >= method.min_suffix ({lo})")
     if _get(cfg, "model.loader") == "tiny":
         hidden, heads, kv = (_get(cfg, f"model.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
         if _present(hidden, heads) and hidden % heads:
