@@ -168,7 +168,7 @@ def _bad(key: str, value, allowed: str) -> SpecBenchError:
 def check_value(key: str, value, spec: schema.Key) -> None:
     if spec.type == "str" and spec.choices and value is not None:
         if value not in spec.choices:
-            raise SpecBenchError(f"unknown {key} {value!r}; allowed: {', '.join(spec.choices)}")
+            raise SpecBenchError(f"unknown {key} {value!r}; allowed: {', '.join(sorted(map(str, spec.choices)))}")
     elif not spec.accepts(value):
         raise _bad(key, value, spec.allowed())
 

@@ -40,10 +40,11 @@ from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 
 
-@functools.lru_cache(maxsize=64)
 def window_layout(rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask [Q, Q] bool, position offsets [Q]) of a lookahead window, Q = rows * width, index
-    l * width + j for (row l, column j); row 0 column 0 is the pending token."""
+    l * width + j for (row l, column j); row 0 column 0 is the pending token. Built per step, not
+    cached: a cached tensor would outlive the tensor mode it was made under (fake CUDA in the
+    sync-budget test), and it is a few hundred booleans."""
     q = rows * width
     row = torch.arange(q) // width
     col = torch.arange(q) % width
