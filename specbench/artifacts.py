@@ -202,6 +202,18 @@ def check_state(state, expected: dict, path, fix: str = "") -> None:
             raise SpecBenchError(f"checkpoint {path}: {k!r} holds NaN or infinite values{fix}")
 
 
+
+def read_json_object(path: Path, what: str, layout: str) -> dict:
+    """A checkpoint's JSON config as a dict; unreadable or not an object is one line naming the
+    file, prefixed `what` (e.g. "EAGLE checkpoint "), ending with the layout expected."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecBenchError(f"{what}{path}: cannot read ({type(e).__name__}); {layout}") from None
+    if not isinstance(data, dict):
+        raise SpecBenchError(f"{what}{path}: a JSON {type(data).__name__}, not an object; {layout}")
+    return data
+
 def read_weights_file(path: Path, layout: str) -> dict:
     """A flat {name: tensor} from a .safetensors file or a torch file loaded with weights_only (no
     pickle ever runs); any problem (damage, a refused pickle, not a state dict) is one line."""

@@ -21,7 +21,6 @@ Choices, and where the sources differ:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from torch import nn
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
-from specbench.artifacts import apply_checkpoint, load_checkpoint, read_weights_file
+from specbench.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
 
 TRAIN_CMD = "python -m specbench.train method=eagle model={model}"
 EAGLE_LAYOUT = ("expected the EAGLE authors' layout: config.json (hidden_size, num_hidden_layers 1) and model.safetensors "
@@ -82,12 +81,7 @@ def load_released(target: ModelAdapter, path: Path) -> tuple[EagleHead, dict]:
     conf_path = path / "config.json"
     if not conf_path.is_file():
         raise SpecBenchError(f"EAGLE checkpoint {path} has no config.json")
-    try:
-        conf = json.loads(conf_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecBenchError(f"EAGLE checkpoint {conf_path}: cannot read ({type(e).__name__}); {EAGLE_LAYOUT}") from None
-    if not isinstance(conf, dict):
-        raise SpecBenchError(f"EAGLE checkpoint {conf_path}: a JSON {type(conf).__name__}, not an object; {EAGLE_LAYOUT}")
+    conf = read_json_object(conf_path, "EAGLE checkpoint ", EAGLE_LAYOUT)
     for key, want in (("hidden_size", target.hidden_size), ("num_hidden_layers", 1)):
         if conf.get(key) != want:
             raise SpecBenchError(f"EAGLE checkpoint {path}: config {key}={conf.get(key)}, need {want} for model {target.name}")

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import check_state, read_weights_file
+from specbench.artifacts import check_state, read_json_object, read_weights_file
 from specbench.errors import SpecBenchError
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -110,12 +110,7 @@ def is_medusa_checkpoint(where) -> bool:
 
 def medusa_config(d: Path) -> dict:
     cfg_path = d / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecBenchError(f"{cfg_path}: cannot read ({type(e).__name__}); {MEDUSA_LAYOUT}") from None
-    if not isinstance(cfg, dict):
-        raise SpecBenchError(f"{cfg_path}: a JSON {type(cfg).__name__}, not an object; {MEDUSA_LAYOUT}")
+    cfg = read_json_object(cfg_path, "", MEDUSA_LAYOUT)
     cfg.setdefault("medusa_num_layers", 1)  # MedusaConfig's default
     for key, low in (("medusa_num_heads", 1), ("medusa_num_layers", 0)):
         v = cfg.get(key)
