@@ -29,7 +29,6 @@ Host reads per step: the top row's argmax (here) and the verifier's argmax (the 
 
 from __future__ import annotations
 
-import functools
 import random
 
 import torch
