@@ -279,7 +279,7 @@ def test_bad_settings_are_one_line_errors(name, kw, words):
 @pytest.mark.parametrize("args, line", [
     (["method=rest", "method.num_draft=0"], "method.num_draft=0 is not allowed; expected an integer >= 1"),
     (["method=rest", "method.corpus=[nope.txt]"], "datastore corpus file 'nope.txt' not found"),
-    (["method=suffix", "method.min_token_prob=1.5"], "method.min_token_prob=1.5 is not allowed; expected a number in [0, 1]"),
+    (["method=suffix", "method.min_token_prob=1.5"], "method.min_token_prob=1.5 is not allowed; expected a finite number >= 0 and <= 1"),
 ])
 def test_bad_setting_on_the_command_line(args, line, tmp_path, data_dir):
     r = run_cli([*args, "model=tiny-llama", "task.num_samples=1", f"run_dir={tmp_path}/run"], data_dir)
