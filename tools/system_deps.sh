@@ -14,7 +14,7 @@ want=""
 command -v bwrap >/dev/null 2>&1 || want="bubblewrap"
 cc_ok || want="$want gcc"
 if [ -n "$want" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "specbench setup: apt-get install$want" >&2
+    echo "specbench setup: apt-get install ${want# }" >&2
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $want; } >/dev/null 2>&1
 fi
 
