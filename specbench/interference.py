@@ -22,6 +22,13 @@ medians are slow too. `shared_cores` judges the whole run from those load figure
 median load average above `max_load_per_core` x the usable cores, or a system's median CPU/wall
 below `min_cpu_per_thread` x torch's threads (CPU runs only: a GPU run's host thread waits for
 the device), says other work shared the run's cores; the summary and the report flag it.
+
+The load average counts the whole machine: a run pinned to one core (taskset) is "shared" by
+its rule whenever another core is busy. Where /proc/stat exists the whole-run check therefore
+uses the CPUs of the process's affinity instead: their busy time over each system's generation,
+minus this process's own CPU time, is time other work took from our cores (`foreign_s`); a run
+whose pooled foreign time exceeds `max_foreign_share` of wall x our CPUs is flagged. The load
+average then is recorded but judges only runs recorded without /proc/stat figures.
 """
 
 from __future__ import annotations
@@ -79,28 +86,67 @@ def sample_excess(history: StepHistory, rec: dict) -> dict[str, float | None]:
     return {key: history.excess(key, rec[key]) for key in SYSTEMS}
 
 
-def usable_cores() -> int:
-    """CPUs this process may run on (a container or taskset can allow fewer than the machine has)."""
+def affinity() -> list[int] | None:
+    """The CPUs this process may run on (a container or taskset can allow fewer than the machine has)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return None
+
+
+def usable_cores() -> int:
+    return len(affinity() or ()) or os.cpu_count() or 1
+
+
+PROC_STAT = "/proc/stat"
+# /proc/stat's per-CPU fields: user nice system idle iowait irq softirq steal (guest is inside user).
+# Busy is all but idle and iowait; steal counts too: the hypervisor gave our core to someone else.
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def read_cpu_busy(path: str | None = None) -> dict[int, float] | None:
+    """Seconds each CPU has been busy since boot, from /proc/stat; None where it cannot be read."""
+    try:
+        lines = open(path or PROC_STAT).read().splitlines()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            busy[int(name[3:])] = sum(int(fields[i]) for i in BUSY_FIELDS if i < len(fields)) / tick
+    return busy or None
+
+
+def foreign_cpu(before: dict[int, float] | None, after: dict[int, float] | None, cpus: list[int] | None,
+                own_cpu_s: float) -> float | None:
+    """Busy time of exactly our CPUs over the interval that was not this process's own: time other
+    work took from our cores. None without both readings or with a CPU missing from them."""
+    if before is None or after is None or not cpus or any(c not in before or c not in after for c in cpus):
+        return None
+    busy = sum(after[c] - before[c] for c in cpus)
+    return max(0.0, busy - own_cpu_s)  # tick accounting vs the process's exact time: never below 0
 
 
 def measure_load(fn: Callable[[], T]) -> tuple[T, dict]:
     """fn() and the load while it ran (the load average is read at the end: it trails by ~1 min)."""
     clock = PhaseTimer("cpu").now
+    cpus = affinity()
+    busy0 = read_cpu_busy()
     cpu0, t0 = time.process_time(), clock()
     rec = fn()
     cpu, wall = time.process_time() - cpu0, clock() - t0
+    foreign = foreign_cpu(busy0, read_cpu_busy(), cpus, cpu)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return rec, {"loadavg_1m": load, "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
                  "cpu_per_wall": round(cpu / wall, 3) if wall > 0 else None,
-                 "cores": usable_cores(), "threads": torch.get_num_threads()}
+                 "cores": usable_cores(), "threads": torch.get_num_threads(),
+                 "cpus": cpus, "foreign_s": None if foreign is None else round(foreign, 4)}
 
 
 # thresholds of the whole-run check; conf/config.yaml's measure group sets them (these: its values)
-SHARED_DEFAULTS = {"max_load_per_core": 1.0, "min_cpu_per_thread": 0.5}
+SHARED_DEFAULTS = {"max_load_per_core": 1.0, "min_cpu_per_thread": 0.5, "max_foreign_share": 0.1}
 
 
 def _median(values) -> float | None:
@@ -119,8 +165,13 @@ def shared_cores(records: list[dict], measure: dict | None = None, on_cpu: bool 
     load = _median(x["loadavg_1m"] for x in every)
     cores, threads = min(x["cores"] for x in every), max(x["threads"] for x in every)
     cpu = {key: _median(x["cpu_per_wall"] for x in ls) for key, ls in loads.items()}
+    share = foreign_share(every)
     reasons = []
-    if load is not None and load > float(c["max_load_per_core"]) * cores:
+    if share is not None:  # /proc/stat: exactly our CPUs
+        if share > float(c["max_foreign_share"]):
+            reasons.append(f"others took {100 * share:.1f}% of CPUs {_cpu_list(every)} "
+                           f"> {100 * float(c['max_foreign_share']):g}%")
+    elif load is not None and load > float(c["max_load_per_core"]) * cores:  # fallback: the whole machine
         reasons.append(f"load average {load:.2f} > {float(c['max_load_per_core']):g} x {cores} usable cores")
     for key in SYSTEMS if on_cpu else ():
         floor = float(c["min_cpu_per_thread"]) * threads
@@ -128,7 +179,21 @@ def shared_cores(records: list[dict], measure: dict | None = None, on_cpu: bool 
             reasons.append(f"{'AR' if key == 'ar' else 'method'} CPU/wall {cpu[key]:.3f} < {floor:.2f} "
                            f"({threads} thread{'' if threads == 1 else 's'})")
     return {"shared": bool(reasons), "reasons": reasons, "loadavg_1m_median": load, "cores": cores,
-            "threads": threads, "cpu_per_wall_median": cpu, "thresholds": c, "checked_cpu": on_cpu}
+            "threads": threads, "cpu_per_wall_median": cpu, "foreign_share": share,
+            "judged_by": "proc_stat" if share is not None else "loadavg",
+            "thresholds": c, "checked_cpu": on_cpu}
+
+
+def foreign_share(loads: list[dict]) -> float | None:
+    """Pooled time others took from our CPUs over the wall time those CPUs offered (None: no
+    system was measured with /proc/stat, e.g. not Linux or runs recorded before it was kept)."""
+    known = [x for x in loads if x.get("foreign_s") is not None and x.get("cpus")]
+    offered = sum(x["wall_s"] * len(x["cpus"]) for x in known)
+    return round(sum(x["foreign_s"] for x in known) / offered, 4) if offered > 0 else None
+
+
+def _cpu_list(loads: list[dict]) -> str:
+    return ",".join(str(c) for c in sorted({c for x in loads for c in x.get("cpus") or []}))
 
 
 def run_checked(measure: Callable[[], dict], history: StepHistory, spike_factor: float = 1.5,

@@ -142,6 +142,7 @@ TOP = {
     "measure.ci.max_rel_width": POS(),
     "measure.max_load_per_core": POS(),  # whole-run interference (summary.shared_cores)
     "measure.min_cpu_per_thread": NUM(0, 1),
+    "measure.max_foreign_share": NUM(0, 1),  # others' share of our CPUs' time (interference.foreign_share)
     "progress": BOOL(),
     "overwrite": BOOL(),
     "run_name": STR(),

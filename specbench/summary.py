@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 
 from specbench import table
+from specbench.interference import foreign_share
 from specbench.metrics import acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats, predicted_speedup
 from specbench.metrics.costmodel import interp_cost
 from specbench.profiling import refit_costs
@@ -54,6 +55,7 @@ def interference_summary(records: list[dict]) -> dict | None:
         "spiked": sum(bool(i["spiked"]) for i in info),
         "loadavg_1m_median": statistics.median(avg) if avg else None,
         "cpu_per_wall_median": statistics.median(cpu) if cpu else None,
+        "foreign_share": foreign_share(loads),
     }
 
 
@@ -129,6 +131,10 @@ def _fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
+def _percent(x):
+    return None if x is None else 100 * x
+
+
 def _ci_text(s: dict) -> str:
     ci = s.get("speedup_ci")
     if not ci:
@@ -165,7 +171,8 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
     if inter:
         lines.append(
             f"interference: {inter['remeasured']} sample(s) re-measured, {inter['spiked']} still spiked (flagged)   "
-            f"load avg {_fmt(inter['loadavg_1m_median'], '.2f')}   CPU/wall {_fmt(inter['cpu_per_wall_median'], '.2f')}"
+            f"load avg {_fmt(inter['loadavg_1m_median'], '.2f')}   CPU/wall {_fmt(inter['cpu_per_wall_median'], '.2f')}   "
+            f"others on our CPUs {_fmt(_percent(inter.get('foreign_share')), '.1f')}%"
         )
     lines += _shared_lines(s)
     if s.get("ci_wide"):
