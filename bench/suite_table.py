@@ -6,7 +6,7 @@ One row per run directory (<suite>/<task>/<run>/summary.json): AR tokens/s, the 
 and its bootstrap interval, the cost model's prediction (start-up profile / refit from the run's
 own verify steps), v_d, tau, how many outputs equal AR's, and the cost split per committed token
 in units of AR's time per token (draft + verify + prefill; with the rest, its sum is 1/speedup):
-the term that makes a method lose.
+the term that makes a method lose; and the whole-run interference check (shared cores or not).
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ def _f(x, spec=".2f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def interference(s: dict) -> str:
+    """The whole-run check (summary.shared_cores): 'ok' or 'shared', with what judged it."""
+    sc = s.get("shared_cores")
+    if not sc:
+        return "–"
+    flag = "shared" if sc.get("shared") else "ok"
+    if sc.get("foreign_share") is not None:  # /proc/stat: others' share of our CPUs
+        return f"{flag} ({100 * sc['foreign_share']:.1f}% others)"
+    return f"{flag} (load {_f(sc.get('loadavg_1m_median'))})"
+
+
 def row(task: str, run: str, s: dict) -> list[str]:
     ci = s.get("speedup_ci")
     acc, c = s.get("acceptance") or {}, s.get("cost_terms") or {}
@@ -32,7 +43,8 @@ def row(task: str, run: str, s: dict) -> list[str]:
     return [task, run, _f(s["ar"]["tokens_per_s"], ".1f"),
             f"{_f(s['speedup'])}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
             f"{_f(s.get('predicted_speedup'))} / {_f(s.get('predicted_speedup_refit'))}",
-            _f(acc.get("v_d")), _f(acc.get("tau")), f"{s['matches_ar']}/{s['samples']}" if lossless else "n/a", split]
+            _f(acc.get("v_d")), _f(acc.get("tau")), f"{s['matches_ar']}/{s['samples']}" if lossless else "n/a", split,
+            interference(s)]
 
 
 def main() -> None:
@@ -44,7 +56,7 @@ def main() -> None:
         for path in sorted(Path(suite).glob("*/*/summary.json")):
             rows.append(row(path.parent.parent.name, path.parent.name, json.loads(path.read_text())))
     print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "tau", "=AR",
-                    "draft + verify + prefill per token (AR = 1)"], rows))
+                    "draft + verify + prefill per token (AR = 1)", "interference"], rows))
 
 
 if __name__ == "__main__":
