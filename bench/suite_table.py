@@ -4,7 +4,7 @@
 
 One row per run directory (<suite>/<task>/<run>/summary.json): AR tokens/s, the pooled speedup
 and its bootstrap interval, the cost model's prediction (start-up profile / refit from the run's
-own verify steps), v_d, tau, how many outputs equal AR's, and the cost split per committed token
+own verify steps), v_d, the tokens each verification forward runs over (a tree: every node), tau, how many outputs equal AR's, and the cost split per committed token
 in units of AR's time per token (draft + verify + prefill; with the rest, its sum is 1/speedup):
 the term that makes a method lose; and the whole-run interference check (shared cores or not).
 """
@@ -35,7 +35,14 @@ def interference(s: dict) -> str:
     return f"{flag} (load {_f(sc.get('loadavg_1m_median'))})"
 
 
-def row(task: str, run: str, s: dict) -> list[str]:
+def verified_per_step(run_dir: Path) -> float | None:
+    """Mean tokens the method's verification forwards ran over (a tree: every node; the k of T(k))."""
+    rows = [st[3] for line in (run_dir / "samples.jsonl").read_text().splitlines()
+            for st in json.loads(line)["method"].get("steps") or [] if len(st) > 3]
+    return sum(rows) / len(rows) if rows else None
+
+
+def row(task: str, run: str, s: dict, verified: float | None = None) -> list[str]:
     ci = s.get("speedup_ci")
     acc, c = s.get("acceptance") or {}, s.get("cost_terms") or {}
     lossless = (s.get("meta") or {}).get("lossless", True)
@@ -43,7 +50,7 @@ def row(task: str, run: str, s: dict) -> list[str]:
     return [task, run, _f(s["ar"]["tokens_per_s"], ".1f"),
             f"{_f(s['speedup'])}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
             f"{_f(s.get('predicted_speedup'))} / {_f(s.get('predicted_speedup_refit'))}",
-            _f(acc.get("v_d")), _f(acc.get("tau")), f"{s['matches_ar']}/{s['samples']}" if lossless else "n/a", split,
+            _f(acc.get("v_d")), _f(verified, ".1f"), _f(acc.get("tau")), f"{s['matches_ar']}/{s['samples']}" if lossless else "n/a", split,
             interference(s)]
 
 
@@ -54,8 +61,8 @@ def main() -> None:
     rows = []
     for suite in args.suites:
         for path in sorted(Path(suite).glob("*/*/summary.json")):
-            rows.append(row(path.parent.parent.name, path.parent.name, json.loads(path.read_text())))
-    print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "tau", "=AR",
+            rows.append(row(path.parent.parent.name, path.parent.name, json.loads(path.read_text()), verified_per_step(path.parent)))
+    print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "verified / step", "tau", "=AR",
                     "draft + verify + prefill per token (AR = 1)", "interference"], rows))
 
 
