@@ -42,6 +42,22 @@ def verified_per_step(run_dir: Path) -> float | None:
     return sum(rows) / len(rows) if rows else None
 
 
+def partial_summary(run_dir: Path) -> dict:
+    """A run stopped before its last sample (bench cells are time-boxed) has no summary.json: the
+    runner's own aggregation over the samples it finished (nothing in them is partial: each line is
+    one finished sample)."""
+    from specbench.interference import shared_cores
+    from specbench.summary import aggregate
+
+    records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    costs_file = run_dir / "forward_costs.json"
+    costs = {int(k): v for k, v in json.loads(costs_file.read_text()).items()} if costs_file.is_file() else None
+    measure = json.loads((run_dir / "config.json").read_text()).get("measure") or {}
+    s = aggregate(records, costs, ci=measure.get("ci"))
+    s["shared_cores"] = shared_cores(records, measure)
+    return s
+
+
 def row(task: str, run: str, s: dict, verified: float | None = None) -> list[str]:
     ci = s.get("speedup_ci")
     acc, c = s.get("acceptance") or {}, s.get("cost_terms") or {}
@@ -60,8 +76,12 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for suite in args.suites:
-        for path in sorted(Path(suite).glob("*/*/summary.json")):
-            rows.append(row(path.parent.parent.name, path.parent.name, json.loads(path.read_text()), verified_per_step(path.parent)))
+        for path in sorted(Path(suite).glob("*/*/samples.jsonl")):
+            d = path.parent
+            summary = d / "summary.json"
+            s = json.loads(summary.read_text()) if summary.is_file() else partial_summary(d)
+            name = d.name if summary.is_file() else f"{d.name} (stopped after {s['samples']})"
+            rows.append(row(d.parent.name, name, s, verified_per_step(d)))
     print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "verified / step", "tau", "=AR",
                     "draft + verify + prefill per token (AR = 1)", "interference"], rows))
 
