@@ -6,6 +6,7 @@
     python bench/bench.py --suite fidelity    # SPACE mask rules, Beta-TS counts, Cali-TS (issue 8)
     python bench/bench.py --suite draftvocab  # EESD and Self-SD drafting over the V' most frequent tokens
     python bench/bench.py --suite trainingfree # PLD, Token Recycling, Lookahead, transformers' prompt lookup, REST, SuffixDecoding (issue 33)
+    python bench/bench.py --suite hydra       # Hydra++ beside Medusa-1, both trained on first use (issue 34)
     python bench/bench.py --suite firstuse    # EESD, Medusa-1, Medusa-2, EAGLE-2, each trained on first use
                                               # with the same train.first_use budget (empty cache: trains)
 
@@ -80,6 +81,14 @@ SUITES = {
             ("medusa1", ["method=medusa"]),
             ("medusa2", ["method=medusa", "method.variant=medusa2"]),
             ("eagle2", ["method=eagle"]),
+        ],
+    },
+    # issue 34: Hydra++ beside Medusa-1, each trained on first use with the same train.first_use budget
+    "hydra": {
+        "tasks": ["gsm8k"],
+        "runs": [
+            ("medusa1", ["method=medusa"]),
+            ("hydra_pp", ["method=hydra"]),
         ],
     },
     # issue 33: the training-free drafters side by side (paper defaults; Lookahead also at a small CPU window)
