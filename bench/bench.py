@@ -32,6 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from specbench.table import Column, markdown  # after the path is set
 
+HYDRA_TREE = "[[0],[0,0],[1],[0,1],[2],[0,0,0],[1,0],[0,2],[3],[0,3],[4],[0,4],[2,0],[0,5],[0,0,1],[0,0,0,0]]"  # conf/method/hydra.yaml's
+
 SUITES = {
     "core": {
         "tasks": ["gsm8k"],
@@ -83,12 +85,14 @@ SUITES = {
             ("eagle2", ["method=eagle"]),
         ],
     },
-    # issue 34: Hydra++ beside Medusa-1, each trained on first use with the same train.first_use budget
+    # issue 34: Hydra++ beside Medusa-1, each trained on first use with the same train.first_use budget;
+    # medusa1-tree16 verifies Hydra's default tree (conf/method/hydra.yaml), so only the heads differ
     "hydra": {
         "tasks": ["gsm8k"],
         "runs": [
-            ("medusa1", ["method=medusa"]),
             ("hydra_pp", ["method=hydra"]),
+            ("medusa1-tree16", ["method=medusa", "method.tree_from_accuracies=null", f"method.tree={HYDRA_TREE}"]),
+            ("medusa1", ["method=medusa"]),
         ],
     },
     # issue 33: the training-free drafters side by side (paper defaults; Lookahead also at a small CPU window)

@@ -251,9 +251,11 @@ def test_missing_heads_name_the_training_command(tmp_path, monkeypatch):
         build("hydra", tiny_model(), method_cfg("hydra"))
 
 
-def test_tree_deeper_than_heads_is_one_line():
+def test_bad_trees_are_one_line():
     with pytest.raises(SpecBenchError, match="exceeds num_heads"):
         hydra(tiny_model(), tree=[[0], [0, 0], [0, 0, 0]], num_heads=2)
+    with pytest.raises(SpecBenchError, match=r"hydra method.tree: .*no parent"):
+        hydra(tiny_model(), tree=[[0], [1, 0]])
 
 
 def test_heads_layout_is_the_authors():
