@@ -6,6 +6,7 @@
     python bench/bench.py --suite fidelity    # SPACE mask rules, Beta-TS counts, Cali-TS (issue 8)
     python bench/bench.py --suite draftvocab  # EESD and Self-SD drafting over the V' most frequent tokens
     python bench/bench.py --suite trainingfree # PLD, Token Recycling, Lookahead, transformers' prompt lookup, REST, SuffixDecoding (issue 33)
+    python bench/bench.py --suite hydra       # Hydra++ beside Medusa-1, both trained on first use (issue 34)
     python bench/bench.py --suite firstuse    # EESD, Medusa-1, Medusa-2, EAGLE-2, each trained on first use
                                               # with the same train.first_use budget (empty cache: trains)
 
@@ -30,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specbench.table import Column, markdown  # after the path is set
+
+HYDRA_TREE = "[[0],[0,0],[1],[0,1],[2],[0,0,0],[1,0],[0,2],[3],[0,3],[4],[0,4],[2,0],[0,5],[0,0,1],[0,0,0,0]]"  # conf/method/hydra.yaml's
 
 SUITES = {
     "core": {
@@ -80,6 +83,16 @@ SUITES = {
             ("medusa1", ["method=medusa"]),
             ("medusa2", ["method=medusa", "method.variant=medusa2"]),
             ("eagle2", ["method=eagle"]),
+        ],
+    },
+    # issue 34: Hydra++ beside Medusa-1, each trained on first use with the same train.first_use budget;
+    # medusa1-tree16 verifies Hydra's default tree (conf/method/hydra.yaml), so only the heads differ
+    "hydra": {
+        "tasks": ["gsm8k"],
+        "runs": [
+            ("hydra_pp", ["method=hydra"]),
+            ("medusa1-tree16", ["method=medusa", "method.tree_from_accuracies=null", f"method.tree={HYDRA_TREE}"]),
+            ("medusa1", ["method=medusa"]),
         ],
     },
     # issue 33: the training-free drafters side by side (paper defaults; Lookahead also at a small CPU window)

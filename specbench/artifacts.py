@@ -35,6 +35,7 @@ TRAIN_HINT = {
     "eesd": "python -m specbench.train method=eesd model={model} method.n_layers={n}",
     "vanilla_draft": "python -m specbench.train method=vanilla_sd model={model} method.draft.num_layers={n}",
     "medusa": "python -m specbench.train method=medusa model={model}",
+    "hydra": "python -m specbench.train method=hydra model={model}",
     "space": "python -m specbench.train method=space model={model}",
     "eagle": "python -m specbench.train method=eagle model={model}",
     "cali": "python -m specbench.train method=eesd model={model} method.n_layers={n} (trains the Cali-TS predictor too)",
