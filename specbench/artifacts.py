@@ -37,6 +37,7 @@ TRAIN_HINT = {
     "medusa": "python -m specbench.train method=medusa model={model}",
     "space": "python -m specbench.train method=space model={model}",
     "eagle": "python -m specbench.train method=eagle model={model}",
+    "eagle3": "python -m specbench.train method=eagle3 model={model}",
     "cali": "python -m specbench.train method=eesd model={model} method.n_layers={n} (trains the Cali-TS predictor too)",
 }
 
