@@ -45,7 +45,7 @@ def tap_layers(num_layers: int, layers="auto") -> list[int]:
     if layers in (None, "auto"):
         ours = [2, n // 2, n - 3]
         return ours if 0 < ours[0] < ours[1] < ours[2] < n else [n // 4, n // 2, (3 * n) // 4]
-    vals = list(layers) if isinstance(layers, (list, tuple)) or hasattr(layers, "__len__") and not isinstance(layers, str) else None
+    vals = None if isinstance(layers, str) or not hasattr(layers, "__iter__") else list(layers)  # a list or ListConfig
     if vals is None or len(vals) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v in vals):
         raise SpecBenchError(f"method.layers={layers!r} is not allowed; expected 'auto' or three layer indices in [0, {n})")
     return [int(v) for v in vals]
