@@ -38,6 +38,7 @@ TRAIN_HINT = {
     "hydra": "python -m specbench.train method=hydra model={model}",
     "space": "python -m specbench.train method=space model={model}",
     "eagle": "python -m specbench.train method=eagle model={model}",
+    "eagle3": "python -m specbench.train method=eagle3 model={model}",
     "cali": "python -m specbench.train method=eesd model={model} method.n_layers={n} (trains the Cali-TS predictor too)",
 }
 

@@ -272,6 +272,10 @@ def resources(cfg) -> None:
     for key in ("method.skip.attn", "method.skip.mlp"):
         if isinstance(v := _get(cfg, key), list) and any(i >= shape.layers for i in v):
             raise _bad(key, v, f"layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
+    layers = _get(cfg, "method.layers") if _get(cfg, "method.name") == "eagle3" else "auto"
+    if layers not in (ABSENT, None, "auto") and not (isinstance(layers, list) and len(layers) == 3 and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < shape.layers for i in layers)):
+        raise _bad("method.layers", layers, f"'auto' or three layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
     if _present(size := _get(cfg, "method.draft_vocab.size")) and size > shape.vocab:
         raise _bad("method.draft_vocab.size", size, f"at most the vocabulary, {shape.vocab} tokens, or null")
     for key in WIDTHS:

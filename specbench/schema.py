@@ -188,6 +188,8 @@ METHODS = {
     "ar": {"name": STR()},
     "eagle": {"name": STR(), "top_k": INT(1), "depth": INT(1), "num_nodes": INT(1), "bias": BOOL(),
               "loss_reg": NUM(0), "loss_cls": NUM(0), "cls_labels": CHOICE("soft", "hard")} | _TRAINABLE,
+    "eagle3": {"name": STR(), "top_k": INT(1), "depth": INT(1), "num_nodes": INT(1), "layers": ANY,
+               "draft_vocab_size": INT(1, null=True), "ttt_steps": INT(1), "step_decay": NUM(0, 1)} | _TRAINABLE,
     "eesd": {"name": STR(), "n_layers": INT(1), "head": CHOICE("shared", "trained")} | _TRAINABLE | _DRAFT_VOCAB,
     "hf_assisted": {"name": STR(), "mode": CHOICE("assistant", "prompt_lookup"), "k": INT(1)} | _DRAFT,
     "medusa": {"name": STR(), "variant": CHOICE("medusa1", "medusa2"), "num_heads": INT(1), "share_head": BOOL(),

@@ -34,7 +34,7 @@ METHODS = sorted(REGISTERED)
 SHARES_AN_EARLIER_PART = {"vanilla_sd"}
 TASKS = ["gsm8k", "xsum", "humaneval", "mt_bench", "jsonl"]
 TRAINED = {  # method -> describe() key saying its trained part was loaded
-    "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained", "eagle": "head_trained",
+    "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained", "eagle": "head_trained", "eagle3": "head_trained",
     "space": "space_trained",
 }
 

@@ -92,6 +92,9 @@ CASES = [
          "profile.context=1000000", setup=big_hf_model),
     Case("eesd_layers_beyond_model", TINY + ["method=eesd", "method.n_layers=30"], "method.n_layers=30"),
     Case("skip_layer_beyond_model", TINY + ["method=self_sd", "method.skip.attn=[0,99]"], "method.skip.attn=[0, 99]"),
+    Case("eagle3_layer_beyond_model", TINY + ["method=eagle3", "method.layers=[0,1,4]"], "method.layers=[0, 1, 4]"),
+    Case("eagle3_two_layers", TINY + ["method=eagle3", "method.layers=[1,2]"], "three layer indices from 0 to 3"),
+    Case("eagle3_draft_vocab_zero", TINY + ["method=eagle3", "method.draft_vocab_size=0"], "method.draft_vocab_size=0"),
     Case("draft_vocab_beyond_vocab", TINY + ["method=eesd", "method.draft_vocab.size=1000000"], "method.draft_vocab.size"),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),

@@ -39,7 +39,7 @@ PROMPT = [1, 5, 6, 7, 5, 6, 7, 5]
 NEW = 12
 # EAGLE-2 grows its tree level by level on the host: one read per level (`depth` + 1) plus the
 # verification; a device-side tree search is a redesign (docs/gpu.md)
-TREE_BUDGET = {"eagle": lambda m: m.depth + 2}
+TREE_BUDGET = {"eagle": lambda m: m.depth + 2, "eagle3": lambda m: m.depth + 2}
 EXTERNAL = [m for m in sorted(METHODS) if METHODS[m].external_loop]  # transformers' loop: not ours to count
 CASES = [(m, c) for m, c in every.CASES if m not in EXTERNAL]
 _REPORT: dict = {}

@@ -88,10 +88,11 @@ class DraftTree:
 class Eagle(SpeculativeMethod):
     name = "eagle"
     uses_controller = False
+    load_head = staticmethod(load_eagle)  # (target, cfg) -> (head, info); EAGLE-3 brings its own head
 
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
-        self.head, self.info = load_eagle(target, cfg)
+        self.head, self.info = self.load_head(target, cfg)
         self.top_k = min(int(cfg.get("top_k", 4)), target.vocab_size)
         self.depth = int(cfg.get("depth", 4))
         self.num_nodes = int(cfg.get("num_nodes", 15))

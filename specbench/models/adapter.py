@@ -168,6 +168,23 @@ class ModelAdapter:
             tree_mask = to_device(tree_mask, hidden.device)
         return self._layer_loop(mods, first, hidden, cache, positions, tree_mask, skip)
 
+    def run_layers_tapped(self, hidden: torch.Tensor, cache: KVCache | None, taps, positions=None,
+                          tree_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer over `hidden`, as run_layers, plus the hidden states at the *input* of the
+        layers `taps` (EAGLE-3's low/mid/high features; the authors' and vLLM's convention: tap i
+        is what layer i reads = what layer i-1 wrote) concatenated in `taps`' order: [B, q, len(taps)*d].
+        The layers run in segments between taps: the same layers, caches and positions."""
+        got: dict[int, torch.Tensor] = {}
+        done = 0
+        for i in sorted(set(int(t) for t in taps)):
+            if i > done:
+                hidden = self.run_layers(hidden, cache, done, i, positions=positions, tree_mask=tree_mask)
+                done = i
+            got[i] = hidden
+        if done < self.num_layers:
+            hidden = self.run_layers(hidden, cache, done, None, positions=positions, tree_mask=tree_mask)
+        return hidden, torch.cat([to_device(got[int(t)], hidden.device) for t in taps], -1)
+
     def _layer_loop(self, mods, first, hidden, cache, positions, tree_mask, skip):
         q = hidden.shape[1]
         pos_embs: dict[int, tuple] = {}
@@ -256,6 +273,17 @@ class ModelAdapter:
         """Full forward over new tokens. Returns (logits [q, V], final-norm hidden [q, d]);
         `head` replaces the LM head (a draft's vocabulary subset, methods/draft_vocab.py)."""
         h = self.run_layers(self.embed(ids), cache, positions=positions, tree_mask=tree_mask, skip=skip)
+        return self._finish(h, last_only, head)
+
+    def forward_tapped(self, ids, cache: KVCache, taps, positions=None, tree_mask=None,
+                       last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """forward() that also returns the tapped features of every fed position ([q, len(taps)*d],
+        see run_layers_tapped; `last_only` applies to the logits and hidden state only)."""
+        h, tapped = self.run_layers_tapped(self.embed(ids), cache, taps, positions=positions, tree_mask=tree_mask)
+        logits, hidden = self._finish(h, last_only, None)
+        return logits, hidden, to_device(tapped[0], self.device)
+
+    def _finish(self, h: torch.Tensor, last_only: bool, head: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor]:
         if last_only:
             h = h[:, -1:]
         if self.multi_device:  # hidden states are returned where the logits are (self.device)
