@@ -19,7 +19,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -113,11 +112,14 @@ def check_trained(settings: dict, what: str) -> None:
 
 def save_checkpoint(kind: str, model_key: str, structure: dict, state: dict, settings: dict) -> Path:
     check_trained(settings, kind)
-    meta = {"format": FORMAT, "kind": kind, "model_key": model_key, "structure": structure, "settings": settings,
-            "saved": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    # no time stamp: the same setting trained again (or resumed) gives the same bytes, the same provenance hash
+    meta = {"format": FORMAT, "kind": kind, "model_key": model_key, "structure": structure, "settings": settings}
     flat = _flatten(state)
     path = checkpoint_path(kind, model_key, structure)
-    return atomic_write(path, lambda p: save_file(flat, str(p), metadata={"specbench": json.dumps(meta, default=str)}))
+    atomic_write(path, lambda p: save_file(flat, str(p), metadata={"specbench": json.dumps(meta, default=str)}))
+    for stale in path.parent.glob(f"{path.stem}.*.resume.safetensors"):  # the training it resumed is finished
+        stale.unlink(missing_ok=True)
+    return path
 
 
 def read_checkpoint(path: Path, hint: str) -> dict:
@@ -174,6 +176,9 @@ def trained_summary(settings: dict | None) -> str | None:
     text = f"{settings.get('steps')} steps on {settings.get('train_sequences')} sequences"
     if settings.get("held_out_agreement_after") is not None:
         text += f", held-out agreement {settings.get('held_out_agreement_before', 0):.3f} -> {settings['held_out_agreement_after']:.3f}"
+    if settings.get("capped"):
+        text += " (stopped early by a safety cap: " + ", ".join(
+            c for c in (settings.get("stopped_by"), (settings.get("data") or {}).get("stopped_by")) if str(c).startswith("train.")) + ")"
     return text
 
 

@@ -50,7 +50,9 @@ def ensure_trained(cfg, target) -> list[Part]:
             continue
         done.add(part.key)
         what = " + ".join(p.what for p in missing if p.key == part.key)
-        print(f"specbench: training {what} for {cfg.model.name}, once, up to ~{part.minutes(fcfg):.0f} min "
+        minutes = part.minutes(fcfg)
+        up_to = f"up to ~{minutes:.0f} min" if minutes is not None else "the estimate follows"
+        print(f"specbench: training {what} for {cfg.model.name}, once, {up_to} "
               f"(first use; budget train.first_use, method.train_if_missing=false to skip); cached at {part.path}",
               file=sys.stderr, flush=True)
         start = time.monotonic()

@@ -95,10 +95,12 @@ usage: python -m specbench.train method=NAME [model=NAME] [train.key=value ...]
 methods with trained parts: {", ".join(m for m in trainable if m in names("method").split(", "))}
 models (conf/model): {names("model")}
 
-options: model=, method.* (the part's structure), train.epochs=, train.max_minutes=,
-  train.max_sequences=, train.data.num_prompts=, train.seed=; SPECBENCH_DATA_DIR: the data folder
+options: model=, method.* (the part's structure), train.max_steps= (optimiser steps; or train.epochs=),
+  train.max_sequences=, train.data.num_prompts=, train.schedule=, train.eval_every=, train.seed=;
+  an interrupted run resumes (train.checkpoint_every); SPECBENCH_DATA_DIR: the data folder.
+  Plot held-out acceptance vs steps: python -m specbench.train.curves <artifact>.log.json -o curves.png
 
 examples:
   python -m specbench.train method=eesd
-  python -m specbench.train method=medusa train.max_minutes=30
+  python -m specbench.train method=medusa train.max_steps=400
   python -m specbench.train method=vanilla_sd model=tiny-llama train.epochs=1"""

@@ -235,10 +235,15 @@ CONTROLS = {
 _TRAIN = {
     "data.num_prompts": INT(1), "data.num_original": INT(0), "data.max_new_tokens": INT(1),
     "data.batch_size": INT(1), "data.greedy_fraction": FRACTION(), "data.greedy_prefix": INT(0),
-    "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True), "data.gen_minutes": POS(),
-    "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(), "epochs": INT(1),
+    "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True),
+    "data.gen_minutes": POS(null=True),  # a safety cap, null: none (the budget is num_prompts)
+    "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(),
+    "max_steps": INT(1, null=True), "epochs": INT(1, null=True),  # null: the other bound (not both: the loop says so)
     "batch_size": INT(1), "max_len": INT(2),
-    "max_minutes": NUM(0),  # 0: no optimisation step, which the trainer reports as one line (no checkpoint written)
+    # a safety cap, null: none; 0: no optimisation step, which the trainer reports as one line (no checkpoint written)
+    "max_minutes": NUM(0, null=True),
+    "schedule": CHOICE("constant", "cosine"), "warmup_steps": INT(0),
+    "checkpoint_every": INT(1, null=True), "eval_every": INT(1, null=True),
     "eval_fraction": NUM(0, 1, hi_open=True),
     "seed": SEED, "cali": BOOL(),
     "cali_predictor.max_i": INT(1), "cali_predictor.pairs_per_sequence": INT(1), "cali_predictor.epochs": INT(1),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import time
@@ -49,14 +50,31 @@ def clean_answer(answer: str) -> str:
     return re.sub(r"####\s*(.+)$", r"The answer is \1.", answer.strip())
 
 
+DATA_FORMAT = 2  # 2: each generation batch seeded by (seed, batch), so a resumed generation continues exactly
+
+
+def sequences_hash(sequences) -> str:
+    return hashlib.sha256(json.dumps([[list(s[0]), s[1]] for s in sequences]).encode()).hexdigest()[:16]
+
+
 def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tuple[list[int], int]]:
     """(token ids, index where the loss starts) per sequence; cached on disk."""
-    desc = {"model": target.key, **{k: dcfg[k] for k in sorted(dcfg.keys())}, "seed": seed}
+    return load_sequences(target, dcfg, data_dir, seed)[0]
+
+
+def load_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> tuple[list[tuple[list[int], int]], str | None]:
+    """(sequences, the safety cap that cut generation short or None). The budget is the number of
+    prompts and original answers (train.data.*); train.data.gen_minutes (null by default) is only a
+    safety cap and is not part of the data's key. Generated sequences go to a journal as each batch
+    finishes, so an interrupted generation (a crash, Ctrl-C, the cap) continues where it stopped."""
+    caps = ("gen_minutes",)
+    desc = {"model": target.key, **{k: dcfg[k] for k in sorted(dcfg.keys()) if k not in caps}, "seed": seed,
+            "format": DATA_FORMAT}
     key = hashlib.sha1(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:12]
     path = cache_dir() / "distill" / f"{target.key}-{key}.json"
     if path.is_file():
         print(f"self-distillation data: reusing {path}")
-        return [tuple(s) for s in read_json(path, "self-distillation data", "delete it; training regenerates it")["sequences"]]
+        return [tuple(s) for s in read_json(path, "self-distillation data", "delete it; training regenerates it")["sequences"]], None
 
     rows = read_train_split(data_dir)
     rng = random.Random(seed)
@@ -65,7 +83,8 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
     tok = target.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": TEMPLATES[j % len(TEMPLATES)].format(q=rows[i]["question"])}])
                for j, i in enumerate(gen_rows)]
-    sequences = generate(target, prompts, dcfg, seed)
+    journal = path.with_name(path.stem + ".journal.jsonl")
+    sequences, stopped = generate(target, prompts, dcfg, seed, journal=journal)
     eos = min(tok.eos_ids) if tok.eos_ids else None
     for i in orig_rows:
         p = tok.encode_chat([{"role": "user", "content": TEMPLATES[0].format(q=rows[i]["question"])}])
@@ -73,48 +92,109 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
         sequences.append((p + a, len(p)))
     if not sequences:
         raise SpecBenchError("no self-distillation data: generation produced no sequence and train.data.num_original is 0")
+    if stopped:  # not cached as finished: the journal keeps the batches, a rerun continues
+        print(f"self-distillation data: generation stopped early by the safety cap train.data.{stopped}; training on "
+              f"{len(sequences)} sequences (recorded in the artifact's settings); {journal} keeps the progress")
+        return sequences, f"train.data.{stopped}"
     write_json(path, {"desc": desc, "sequences": sequences})
+    journal.unlink(missing_ok=True)
     print(f"self-distillation data: {len(sequences)} sequences, {sum(len(s) - st for s, st in sequences)} loss tokens -> {path}")
-    return sequences
+    return sequences, None
+
+
+def read_journal(path: Path) -> list[list]:
+    """The finished batches of a generation journal, in order; a torn last line (a crash while
+    writing it) is cut off the file so the next batch is appended after whole lines only."""
+    if not path.is_file():
+        return []
+    data, done, good = path.read_bytes(), [], 0
+    for line in data.split(b"\n")[:-1]:  # a line without its newline was never finished
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(rec, dict) or rec.get("batch") != len(done) or not isinstance(rec.get("sequences"), list):
+            break
+        done.append(rec["sequences"])
+        good += len(line) + 1
+    if good < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
+def append_journal(path: Path, batch: int, sequences) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"batch": batch, "sequences": sequences}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @torch.no_grad()
-def generate(target: ModelAdapter, prompts: list[list[int]], dcfg, seed: int) -> list[tuple[list[int], int]]:
+def generate(target: ModelAdapter, prompts: list[list[int]], dcfg, seed: int, journal: Path | None = None):
+    """(sequences, the cap that stopped generation or None). Batch b is seeded by (seed, b) alone."""
     model, tok = target.model, target.tokenizer
     eos_ids = sorted(tok.eos_ids)
     pad = eos_ids[0] if eos_ids else 0
     bs = int(dcfg.batch_size)
-    deadline = time.monotonic() + 60 * float(dcfg.gen_minutes) if dcfg.get("gen_minutes") else None
-    out: list[tuple[list[int], int]] = []
-    torch.manual_seed(seed)
-    bar = tqdm(range(0, len(prompts), bs), desc="self-distillation generate", unit="batch")
-    for b, start in enumerate(bar):
+    cap = dcfg.get("gen_minutes")
+    deadline = time.monotonic() + 60 * float(cap) if cap is not None else None
+    done = read_journal(journal) if journal else []
+    out: list[tuple[list[int], int]] = [tuple(s) for batch in done for s in batch]
+    starts = list(range(0, len(prompts), bs))
+    if done:
+        print(f"self-distillation data: resuming, {len(done)} of {len(starts)} batches done before ({journal})")
+    bar = tqdm(starts, desc="self-distillation generate", unit="batch", initial=len(done), total=len(starts))
+    stopped = None
+    for b, start in enumerate(starts):
+        if b < len(done):
+            continue
         if deadline and time.monotonic() > deadline:
-            print(f"generation time budget reached after {len(out)} sequences")
+            stopped = "gen_minutes"
             break
-        batch = prompts[start : start + bs]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=target.device)
-        common = dict(attention_mask=mask, eos_token_id=eos_ids or None, pad_token_id=pad)
-        greedy = (b % 2 == 0) if dcfg.greedy_fraction == 0.5 else random.Random(seed + b).random() < dcfg.greedy_fraction
-        if greedy:
-            gen = model.generate(ids, max_new_tokens=int(dcfg.max_new_tokens), do_sample=False, **common)
-        else:  # LLM-QAT hybrid: a few greedy tokens, then sampling
-            head = model.generate(ids, max_new_tokens=int(dcfg.greedy_prefix), do_sample=False, **common)
-            mask2 = torch.cat([mask, torch.ones(len(batch), head.shape[1] - width, dtype=mask.dtype, device=mask.device)], 1)
-            gen = model.generate(head, attention_mask=mask2, max_new_tokens=int(dcfg.max_new_tokens) - int(dcfg.greedy_prefix),
-                                 do_sample=True, temperature=float(dcfg.temperature), top_p=float(dcfg.top_p),
-                                 eos_token_id=eos_ids or None, pad_token_id=pad)
-        for row, p in zip(gen.tolist(), batch):
-            new = row[width:]
-            for j, t in enumerate(new):
-                if t in tok.eos_ids:
-                    new = new[: j + 1]
-                    break
-            if len(new) > 1:
-                out.append((p + new, len(p)))
+        t0 = time.monotonic()
+        new = generate_batch(target, prompts[start : start + bs], dcfg, (int(seed) * 1_000_003 + b) % 2**63,
+                             b, eos_ids, pad)
+        if journal:
+            append_journal(journal, b, new)
+        out += new
+        if b == len(done):
+            tqdm.write(f"self-distillation data: {len(prompts)} prompts in {len(starts)} batches of {bs}, up to "
+                       f"{int(dcfg.max_new_tokens)} new tokens each; estimated ~{(len(starts) - b) * (time.monotonic() - t0) / 60:.1f} "
+                       "min on this machine (an estimate, from the timed first batch)")
+        bar.update(1)
         bar.set_postfix(sequences=len(out))
+    bar.close()
+    return out, stopped
+
+
+def generate_batch(target: ModelAdapter, batch: list[list[int]], dcfg, batch_seed: int, b: int, eos_ids, pad):
+    """One batch of the LLM-QAT hybrid: greedy, or a few greedy tokens then sampling."""
+    model, tok = target.model, target.tokenizer
+    torch.manual_seed(batch_seed)
+    width = max(len(p) for p in batch)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=target.device)
+    common = dict(attention_mask=mask, eos_token_id=eos_ids or None, pad_token_id=pad)
+    greedy = (b % 2 == 0) if dcfg.greedy_fraction == 0.5 else random.Random(batch_seed).random() < dcfg.greedy_fraction
+    if greedy:
+        gen = model.generate(ids, max_new_tokens=int(dcfg.max_new_tokens), do_sample=False, **common)
+    else:  # LLM-QAT hybrid: a few greedy tokens, then sampling
+        head = model.generate(ids, max_new_tokens=int(dcfg.greedy_prefix), do_sample=False, **common)
+        mask2 = torch.cat([mask, torch.ones(len(batch), head.shape[1] - width, dtype=mask.dtype, device=mask.device)], 1)
+        gen = model.generate(head, attention_mask=mask2, max_new_tokens=int(dcfg.max_new_tokens) - int(dcfg.greedy_prefix),
+                             do_sample=True, temperature=float(dcfg.temperature), top_p=float(dcfg.top_p),
+                             eos_token_id=eos_ids or None, pad_token_id=pad)
+    out = []
+    for row, p in zip(gen.tolist(), batch):
+        new = row[width:]
+        for j, t in enumerate(new):
+            if t in tok.eos_ids:
+                new = new[: j + 1]
+                break
+        if len(new) > 1:
+            out.append((p + new, len(p)))
     return out
 
 

@@ -35,6 +35,7 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 
@@ -89,7 +90,8 @@ def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = train_loop("eagle head", list(head.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("eagle head", list(head.parameters()), loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "eagle", target.key, head.structure(), "head"), held=held)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)

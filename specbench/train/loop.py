@@ -1,9 +1,12 @@
-"""The optimisation machinery every trainer shares: batches with loss masks, the AdamW loop with
-its time budget, held-out evaluation, train/held-out split, settings and loss logs, LoRA."""
+"""The optimisation machinery every trainer shares: batches with loss masks, the AdamW loop with its
+step budget, schedule, resume states and held-out curve; train/held-out split, settings, logs, LoRA.
+The recipe in words: docs/training.md."""
 
 from __future__ import annotations
 
+import contextvars
 import json
+import math
 import random
 import time
 
@@ -14,16 +17,8 @@ from tqdm import tqdm
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
+from specbench.train import resume as resume_state
 from specbench.train.data import teacher_labels
-
-
-def batches(sequences, tcfg, rng):
-    """Mini-batches of whole sequences (lists), truncated to train.max_len tokens."""
-    order = list(range(len(sequences)))
-    rng.shuffle(order)
-    bs = int(tcfg.batch_size)
-    for i in range(0, len(order), bs):
-        yield [sequences[j] for j in order[i : i + bs]]
 
 
 def pad_batch(batch, max_len, pad_id, device):
@@ -45,41 +40,147 @@ def pad_batch(batch, max_len, pad_id, device):
     return ids.to(device), labels.to(device)
 
 
-def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=None):
-    """Shared optimisation loop: AdamW, time budget, progress bar, loss log. `groups`: AdamW
-    parameter groups with their own lr (Medusa-2's differential rates); default one group."""
+def planned_steps(n: int, tcfg) -> tuple[int, str]:
+    """(optimiser steps, the bound that sets them): train.max_steps and train.epochs (x batches per
+    epoch), whichever is smaller; either may be null, not both."""
+    per_epoch = math.ceil(n / int(tcfg.batch_size))
+    bounds = [(int(tcfg.max_steps), "max_steps")] if tcfg.get("max_steps") is not None else []
+    bounds += [(int(tcfg.epochs) * per_epoch, "epochs")] if tcfg.get("epochs") is not None else []
+    if not bounds:
+        raise SpecBenchError("train.max_steps and train.epochs are both null: set train.max_steps=N (optimiser steps)")
+    return (min(bounds) if n else (0, bounds[0][1]))
+
+
+def batch_at(sequences, tcfg, step: int) -> list:
+    """The batch of optimiser step `step` (0-based): epoch e's order is a shuffle seeded by
+    (train.seed, e), so any step's batch is known without replaying the ones before (resume)."""
+    bs = int(tcfg.batch_size)
+    per_epoch = math.ceil(len(sequences) / bs)
+    epoch, i = divmod(step, per_epoch)
+    order = list(range(len(sequences)))
+    random.Random(int(tcfg.seed) * 1_000_003 + epoch).shuffle(order)
+    return [sequences[j] for j in order[i * bs : (i + 1) * bs]]
+
+
+def lr_factor(step: int, total: int, tcfg) -> float:
+    """Learning-rate multiplier at step `step` of `total`: linear warm-up over train.warmup_steps,
+    then constant or cosine decay to 0 at `total` (train.schedule)."""
+    warm = int(tcfg.get("warmup_steps") or 0)
+    if step < warm:
+        return (step + 1) / warm
+    if tcfg.get("schedule", "constant") == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def _due(step: int, every) -> bool:
+    return bool(every) and step % int(every) == 0
+
+
+def _quiet_eval(evaluate, rngs) -> dict:
+    """An evaluation that leaves every RNG the training uses as it found it (the weights a run ends
+    with do not depend on train.eval_every)."""
+    torch_state, states = torch.get_rng_state(), [r.getstate() for r in rngs]
+    try:
+        with torch.no_grad():
+            return evaluate()
+    finally:
+        torch.set_rng_state(torch_state)
+        for r, s in zip(rngs, states):
+            r.setstate(s)
+
+
+def default_eval(loss_fn, held, tcfg, pad, device):
+    """Held-out loss and top-1 agreement with the labels: depth-1 acceptance of a chain draft."""
+    if not held:
+        return None
+
+    def evaluate():
+        loss, agree = eval_loss(loss_fn, held, tcfg, pad, device)
+        return {"loss": loss, "acceptance": [agree]}
+
+    return evaluate
+
+
+def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=None, *, resume=None, held=None,
+               eval_fn=None, rngs=(), on_resume=None):
+    """Shared optimisation loop: AdamW, planned steps (planned_steps), learning-rate schedule,
+    progress bar, loss log. `groups`: AdamW parameter groups with their own lr (Medusa-2's
+    differential rates); default one group. Keyword arguments (all optional):
+    resume: a resume.Resume: the state is saved every train.checkpoint_every steps and at the end,
+        and a saved state of the same setting is continued from;
+    held / eval_fn: held-out sequences (evaluated with loss_fn) or a function () -> {"loss",
+        "acceptance": [per depth]}, run at step 0, every train.eval_every steps and at the end;
+        logged as the step's "held_out" (step 0: the first step's "held_out_start");
+    rngs: random.Random objects loss_fn draws from (saved with the state, untouched by evaluations);
+    on_resume: called with the step a resumed run continues from.
+    train.max_minutes (null by default) is a safety cap: reaching it stops early and says so."""
     opt = torch.optim.AdamW(groups or [p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
-    rng = random.Random(int(tcfg.seed))
-    deadline = time.monotonic() + 60 * float(tcfg.max_minutes)
-    log, step, labelled = [], 0, 0
-    total = int(tcfg.epochs) * ((len(sequences) + int(tcfg.batch_size) - 1) // int(tcfg.batch_size))
-    bar = tqdm(total=total, desc=f"train {name}", unit="batch")
-    stopped = "epochs"
+    base_lrs = [g["lr"] for g in opt.param_groups]
+    total, bound = planned_steps(len(sequences), tcfg)
+    evaluate = eval_fn or default_eval(loss_fn, held, tcfg, pad_id, device)
+    every = tcfg.get("eval_every") if evaluate else None
+    key = resume_state.full_key(resume, sequences, resume_state.opt_params(opt)) if resume else None
+    meta = resume_state.load(resume, key, opt, rngs) if resume else None
+    log, labelled, start = (meta["log"], meta["labelled"], meta["step"]) if meta else ([], 0, 0)
+    if meta:
+        print(f"train {name}: resuming at step {start} of {total} ({resume.path})", flush=True)
+        if on_resume:
+            on_resume(start)
+    cap = tcfg.get("max_minutes")
+    deadline = time.monotonic() + 60 * float(cap) if cap is not None else None
+    t_eval = time.monotonic()
+    first_eval = _quiet_eval(evaluate, rngs) if every and start == 0 else None
+    t_eval = time.monotonic() - t_eval
+    stopped = bound
+    bar = tqdm(total=total, initial=start, desc=f"train {name}", unit="step")
     with torch.enable_grad():
-        for epoch in range(int(tcfg.epochs)):
-            for batch in batches(sequences, tcfg, rng):
-                if time.monotonic() > deadline:
-                    stopped = "time"
-                    break
-                ids, labels = pad_batch(batch, int(tcfg.max_len), pad_id, device)
-                loss, (_, counted) = loss_fn(ids, labels)
-                labelled += counted
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                step += 1
-                log.append({"step": step, "epoch": epoch, "loss": loss.item()})
-                bar.update(1)
-                bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
-            if stopped == "time":
+        for s in range(start, total):
+            if deadline is not None and time.monotonic() > deadline:
+                stopped = "train.max_minutes"
                 break
+            t0 = time.monotonic()
+            for g, lr in zip(opt.param_groups, base_lrs):
+                g["lr"] = lr * lr_factor(s, total, tcfg)
+            ids, labels = pad_batch(batch_at(sequences, tcfg, s), int(tcfg.max_len), pad_id, device)
+            loss, (_, counted) = loss_fn(ids, labels)
+            labelled += counted
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            record = {"step": s + 1, "epoch": s // math.ceil(len(sequences) / int(tcfg.batch_size)),
+                      "loss": loss.item(), "lr": opt.param_groups[0]["lr"]}
+            if first_eval is not None:
+                record["held_out_start"], first_eval = first_eval, None
+            if every and (_due(s + 1, every) or s + 1 == total):
+                record["held_out"] = _quiet_eval(evaluate, rngs)
+            log.append(record)
+            if s == start:
+                _print_plan(name, len(sequences), total - start, tcfg, bound, time.monotonic() - t0,
+                            t_eval, every, resumed=start)
+            if resume and (_due(s + 1, tcfg.get("checkpoint_every")) or s + 1 == total):
+                resume_state.save(resume, key, opt, rngs, {"step": s + 1, "labelled": labelled, "log": log})
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}")
     bar.close()
-    if step == 0 or labelled == 0:  # never cache an untrained part as trained
-        raise SpecBenchError(f"training {name} ran {step} steps over {labelled} labelled tokens ({len(sequences)} training "
-                             f"sequences, train.epochs={tcfg.epochs}, train.max_minutes={tcfg.max_minutes}, "
-                             f"train.max_len={tcfg.max_len}: answers past max_len carry no label); no checkpoint written")
+    if stopped == "train.max_minutes":
+        print(f"train {name}: stopped early by the safety cap train.max_minutes={cap} after {len(log)} of {total} "
+              "steps (recorded in the artifact's settings)", flush=True)
+    if not log or labelled == 0:  # never cache an untrained part as trained
+        raise SpecBenchError(f"training {name} ran {len(log)} steps over {labelled} labelled tokens ({len(sequences)} training "
+                             f"sequences, train.max_steps={tcfg.get('max_steps')}, train.epochs={tcfg.get('epochs')}, "
+                             f"train.max_minutes={cap}, train.max_len={tcfg.max_len}: answers past max_len carry no label); "
+                             "no checkpoint written")
     return log, stopped
+
+
+def _print_plan(name, n, steps, tcfg, bound, t_step, t_eval, every, resumed: int) -> None:
+    evals = (steps // int(every) + 1) if every else 0
+    minutes = (steps * t_step + evals * t_eval) / 60
+    again = f" (resumed at step {resumed})" if resumed else ""
+    tqdm.write(f"train {name}: {n} sequences, {steps} steps of {int(tcfg.batch_size)} (train.{bound}){again}; "
+               f"estimated ~{minutes:.1f} min on this machine (an estimate, from the timed first step)")
 
 
 @torch.no_grad()
@@ -126,7 +227,15 @@ def pad_id(target: ModelAdapter) -> int:
     return min(target.tokenizer.eos_ids) if target.tokenizer.eos_ids else 0
 
 
+# what the session trains on (specbench/train/session.py sets it): the data's size, hash and whether a
+# safety cap cut its generation short; every trainer's run_settings records it
+DATA: contextvars.ContextVar = contextvars.ContextVar("specbench_train_data", default=None)
+
+
 def run_settings(cfg, n_train, n_held, log, stopped, before, after) -> dict:
+    """The artifact's settings. Deterministic (no times, no paths): the same setting trained again,
+    or resumed, gives the same bytes, hence the same provenance hash."""
+    data = DATA.get()
     return {
         "train": OmegaConf.to_container(cfg.train, resolve=True),
         "method": OmegaConf.to_container(cfg.method, resolve=True),
@@ -134,6 +243,8 @@ def run_settings(cfg, n_train, n_held, log, stopped, before, after) -> dict:
         "held_out_sequences": n_held,
         "steps": len(log),
         "stopped_by": stopped,
+        "capped": str(stopped).startswith("train.") or bool(data and data.get("stopped_by")),
+        **({"data": data} if data else {}),
         "held_out_loss_before": before[0],
         "held_out_loss_after": after[0],
         "held_out_agreement_before": before[1],
@@ -141,8 +252,21 @@ def run_settings(cfg, n_train, n_held, log, stopped, before, after) -> dict:
     }
 
 
+def curve(log) -> list[dict]:
+    """The held-out evaluations of a log, by optimiser step: [{"step", "loss", "acceptance"}]."""
+    out = []
+    for r in log:
+        if "held_out_start" in r:
+            out.append({"step": r["step"] - 1, **r["held_out_start"]})
+        if "held_out" in r:
+            out.append({"step": r["step"], **r["held_out"]})
+    return out
+
+
 def write_log(path, log, settings) -> None:
-    path.with_suffix(".log.json").write_text(json.dumps({"settings": settings, "log": log}, indent=1, default=str))
+    """The training log next to the artifact: settings, per-step losses, the held-out curve."""
+    body = {"settings": settings, "log": log, "curve": curve(log)}
+    path.with_suffix(".log.json").write_text(json.dumps(body, indent=1, default=str))
 
 
 def loss_value(x) -> float:

@@ -27,6 +27,7 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import TRAINERS, trainer
 
 
@@ -105,7 +106,11 @@ def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = train_loop("medusa heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device)
+    def acceptance():  # top-1 of head k against the target's token k+1 ahead: depth k of a chain
+        return {"acceptance": [row[0] for row in medusa_accuracy(target, heads, held, tcfg, pad, ranks=1)]}
+
+    log, stopped = train_loop("medusa heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "medusa", target.key, heads.structure(), "heads"), eval_fn=acceptance)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     heads.eval()
     acc = medusa_accuracy(target, heads, held, tcfg, pad)

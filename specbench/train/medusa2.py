@@ -7,8 +7,8 @@ ce` is the paper's cross-entropy on the labels (SFT data). The original model is
 target itself (never modified); the paper gets it by turning the LoRA adapter off to save memory,
 which on the models here is not needed and gives the same distribution.
 
-Stages: warm-up (`warmup_epochs`) then joint training (`train.epochs`), the time budget
-`train.max_minutes` shared in proportion to the epochs. Differential learning rates: the heads'
+Stages: warm-up (`warmup_epochs`) then joint training (the planned steps, `train.max_steps` /
+`train.epochs`), a safety cap `train.max_minutes` (if set) shared in proportion to their steps. Differential learning rates: the heads'
 rate is `heads_lr_ratio` x the backbone's (`method.lr`, else `train.lr`).
 
 The paper's warm-up text contradicts itself: "In the first stage, we only train the backbone
@@ -26,11 +26,11 @@ heads' losses (never L_LM) by sin(pi/2 * step / max_steps). 3.2.2 instead calls 
 weight of the backbone model's loss", which contradicts eq. 2 (lambda0 multiplies L_Medusa-1) and
 defeats the purpose (the heads' loss would dominate early, when it is largest); that reading is
 not implemented. Default `sine`: lambda0(s) = lambda0 * sin(pi/2 * (s+1)/S) at joint step s of the
-S planned joint steps (`train.epochs` x batches), so the last planned step has the peak and the
+S planned joint steps (train.max_steps, or `train.epochs` x batches), so the last planned step has the peak and the
 first a small non-zero weight; `linear` ramps (s+1)/S; `constant` is lambda0 throughout (with
-`warmup_epochs: 1`, the two-stage recipe of 3.2.2). A time-budget stop ends the ramp short of
+`warmup_epochs: 1`, the two-stage recipe of 3.2.2). A safety-cap stop ends the ramp short of
 the peak, as the authors' max_steps-based ramp would. The default drops the warm-up epoch
-(`warmup_epochs: 0`) as 4.2 does, so Medusa-2 sees exactly `train.epochs` passes over the data,
+(`warmup_epochs: 0`) as 4.2 does, so Medusa-2 runs exactly the planned steps,
 the same budget as every other trainer.
 
 Backbone (`backbone`). `lora` (default) is the paper's recipe (section 4, every Medusa-2 model):
@@ -65,7 +65,9 @@ from specbench.train.loop import (
     with_labels,
     write_log,
 )
+from specbench.train.loop import planned_steps
 from specbench.train.medusa import heads_loss, medusa_accuracy
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 
@@ -117,8 +119,10 @@ def lambda0_at(step: int, total: int, peak: float, schedule: str) -> float:
     return peak * (math.sin(math.pi / 2 * frac) if schedule == "sine" else frac)
 
 
-def _stage_cfg(tcfg, epochs: int, share: float, lr: float):
-    return OmegaConf.merge(tcfg, {"epochs": int(epochs), "max_minutes": float(tcfg.max_minutes) * share, "lr": lr})
+def _stage_cfg(tcfg, bound: dict, share: float, lr: float):
+    """A stage's train config: its step bound, its share of the safety cap (if any), its rate."""
+    cap = tcfg.get("max_minutes")
+    return OmegaConf.merge(tcfg, bound | {"max_minutes": None if cap is None else float(cap) * share, "lr": lr})
 
 
 @trainer("medusa2")
@@ -166,16 +170,28 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
         lm, _, agree, _ = parts(ids, labels, True)
         return lm, agree
 
-    n_warm, n_joint = int(mcfg.get("warmup_epochs", 0)), int(tcfg.epochs)
-    joint_steps, lam_used = n_joint * math.ceil(len(train) / int(tcfg.batch_size)), []
+    n_warm = int(mcfg.get("warmup_epochs", 0))
+    warm_steps = n_warm * math.ceil(len(train) / int(tcfg.batch_size))
+    joint_steps, lam_used = planned_steps(len(train), tcfg)[0], []
 
     def joint_loss(ids, labels):
         lm, med, agree, _ = parts(ids, labels, True)
         lam_used.append(lambda0_at(len(lam_used), joint_steps, lam0, schedule))
         return lm + lam_used[-1] * med, agree
 
+    def acceptance():  # top-1 of head k against the target's token k+1 ahead (dropout off meanwhile)
+        mode = ft.model.training
+        ft.model.eval()
+        try:
+            return {"acceptance": [row[0] for row in medusa_accuracy(ft, heads, held, tcfg, pad, ranks=1)]}
+        finally:
+            ft.model.train(mode)
+
+    def resumed(step):  # the heads' loss weight of the steps done before
+        lam_used.extend(lambda0_at(i, joint_steps, lam0, schedule) for i in range(step))
+
     before = held_out(parts, held, tcfg, pad, target.device)
-    total = max(1, n_warm + n_joint)
+    total = max(1, warm_steps + joint_steps)
     if warmup == "backbone":
         for p in bb_params:
             p.requires_grad_(True)
@@ -186,15 +202,18 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     log, stopped = [], "epochs"
     if n_warm:  # a stage with 0 epochs is skipped (warm-up only, or no warm-up); both 0 is refused below
         log, stopped = train_loop(f"medusa2 warm-up ({warmup})", warm_params, warm_loss, train,
-                             _stage_cfg(tcfg, n_warm, n_warm / total, warm_lr), pad, target.device)
+                                  _stage_cfg(tcfg, {"epochs": n_warm, "max_steps": None}, warm_steps / total, warm_lr),
+                                  pad, target.device, resume=resume_for(cfg, "medusa2", target.key, structure, "warm-up"))
     for p in bb_params + head_params:
         p.requires_grad_(True)
     ft.model.train()
     groups = [{"params": bb_params, "lr": lr_bb}, {"params": head_params, "lr": lr_heads}]
     joint_log = []
-    if n_joint or not n_warm:  # with no stage at all _loop refuses the zero steps (nothing cached)
+    if joint_steps or not n_warm:  # with no stage at all the loop refuses the zero steps (nothing cached)
         joint_log, stopped = train_loop("medusa2 joint", bb_params + head_params, joint_loss, train,
-                                   _stage_cfg(tcfg, n_joint, n_joint / total, lr_bb), pad, target.device, groups)
+                                        _stage_cfg(tcfg, {}, joint_steps / total, lr_bb), pad, target.device, groups,
+                                        resume=resume_for(cfg, "medusa2", target.key, structure, "joint"),
+                                        eval_fn=acceptance, on_resume=resumed)
     log = [r | {"stage": "warm-up"} for r in log] + [r | {"stage": "joint", "step": r["step"] + len(log), "lambda0": lam}
                                                         for r, lam in zip(joint_log, lam_used)]
     for p in bb_params + head_params:

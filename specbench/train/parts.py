@@ -29,7 +29,7 @@ class Part:
     what: str                       # "the EESD exit layer"
     path: Path                      # where the method looks for it
     train: str | Callable           # a TRAINERS name, or (cfg with the first-use budget, target) -> None
-    minutes: Callable               # (first-use cfg) -> rough duration in minutes
+    minutes: Callable               # (first-use cfg) -> rough duration in minutes, or None (unknown before it starts)
     key: str = ""                   # parts with one key are trained by one call
 
 
@@ -44,9 +44,12 @@ def first_use(*methods: str):
     return register
 
 
-def train_minutes(fcfg) -> float:
+def train_minutes(fcfg) -> float | None:
+    """The safety caps' sum when both are set, else None: the budget is counted in sequences and
+    steps, and the training prints its own estimate (from its timed first step) as it starts."""
     t = fcfg.train
-    return float(t.data.gen_minutes) + float(t.max_minutes) + 1.0  # + teacher labels, evaluation
+    caps = (t.data.get("gen_minutes"), t.get("max_minutes"))
+    return None if None in caps else float(caps[0]) + float(caps[1]) + 1.0  # + teacher labels, evaluation
 
 
 def checkpoint_part(what: str, kind: str, structure: Callable, trainer: str | None = None, where: str = "checkpoint"):

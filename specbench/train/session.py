@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from specbench.discover import import_submodules
-from specbench.train.data import build_sequences
+from specbench.train.data import load_sequences, sequences_hash
+from specbench.train.loop import DATA
 from specbench.train.parts import FIRST_USE
 from specbench.train.trainers import TRAINERS
 
@@ -21,9 +24,16 @@ __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 def train_model(cfg, target, trainer: str | None = None) -> dict:
     """Train with an already loaded target (`trainer`: a TRAINERS name, default the method's)."""
     data_dir = cfg.task.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
-    sequences = build_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
+    sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
     cap = cfg.train.get("max_sequences")
     if cap and len(sequences) > int(cap):
         # generated sequences come first: keep them all, cap the original text
         sequences = sequences[: int(cap)]
-    return TRAINERS[trainer or cfg.method.name](target, cfg, sequences)
+    # the parts' initial weights (random where not copied from the target) and dropout: seeded, so
+    # the same setting trains the same bytes
+    torch.manual_seed(int(cfg.train.seed))
+    token = DATA.set({"sequences": len(sequences), "sha256": sequences_hash(sequences), "stopped_by": stopped})
+    try:
+        return TRAINERS[trainer or cfg.method.name](target, cfg, sequences)
+    finally:
+        DATA.reset(token)

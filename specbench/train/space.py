@@ -32,6 +32,7 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 
@@ -103,22 +104,30 @@ def train_space(target: ModelAdapter, cfg, sequences) -> dict:
     ft.model.train()
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
     pad = pad_id(target)
-    state = {"rng": random.Random(int(tcfg.seed))}
+    train_rng = random.Random(int(tcfg.seed))  # the training cuts (saved with a resume state)
+    state = {"rng": train_rng}
 
     def loss_fn(ids, labels):
         return space_loss(ft, mask_embed, *sar_batch(ids, labels, k, p_ar, state["rng"], pad))
 
     def held_loss():
-        state["rng"] = random.Random(int(tcfg.seed) + 7)  # the same cuts before and after
-        out = eval_loss(loss_fn, held, tcfg, pad, target.device)
-        state["rng"] = random.Random(int(tcfg.seed))
-        return out
+        state["rng"] = random.Random(int(tcfg.seed) + 7)  # the same cuts at every evaluation
+        try:
+            return eval_loss(loss_fn, held, tcfg, pad, target.device)
+        finally:
+            state["rng"] = train_rng
+
+    def held_eval():
+        loss, agree = held_loss()
+        return {"loss": loss, "acceptance": [agree]}
 
     # lr: the paper uses 5e-5 for 7B+ models; method.lr overrides train.lr
 
     tcfg_run = OmegaConf.merge(tcfg, {"lr": float(mcfg.get("lr", tcfg.lr))})
     before = held_loss()
-    log, stopped = train_loop("space SAR-SFT", params, loss_fn, train, tcfg_run, pad, target.device)
+    log, stopped = train_loop("space SAR-SFT", params, loss_fn, train, tcfg_run, pad, target.device,
+                              resume=resume_for(cfg, "space", target.key, structure, "sar-sft"), eval_fn=held_eval,
+                              rngs=[train_rng])
     after = held_loss()
     if peft_model is not None:
         peft_model.merge_and_unload()

@@ -5,8 +5,8 @@
 - `vanilla_sd`: the separate draft model (the target's first layers, a copy) distilled on the
   same data, so vanilla SD on the embedded model has a trained draft as the paper's does.
 
-Each trainer shows a progress bar, writes a loss log next to its checkpoint, and stops at
-`train.max_minutes` or after `train.epochs`, whichever comes first.
+Each trainer shows a progress bar, writes a loss log (and held-out curve) next to its checkpoint,
+runs the planned steps (train.max_steps / train.epochs) and resumes an interrupted run (loop.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import Part, checkpoint_part, first_use, train_minutes
+from specbench.train.resume import resume_for
 
 TRAINERS = {}
 
@@ -72,7 +73,8 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = train_loop("eesd exit layer", list(exit_.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("eesd exit layer", list(exit_.parameters()), loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "eesd", target.key, exit_.structure(), "exit"), held=held)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)
     path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings)
@@ -179,7 +181,8 @@ def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = train_loop("vanilla draft", trainable, loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("vanilla draft", trainable, loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "vanilla_draft", target.key, {"n_layers": n}, "draft"), held=held)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     state = {k: v for k, v in draft.model.state_dict().items() if ".layers." in k or k.endswith("norm.weight")}
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)

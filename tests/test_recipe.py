@@ -1,0 +1,227 @@
+"""The training recipe every trainer shares: budgets in steps and sequences that reproduce (same
+setting + seed -> the same artifact bytes), resumable generation and training (an interrupted run
+continues and ends with the uninterrupted run's exact bytes), safety caps that say so, the
+learning-rate schedule, the held-out curve and its plot."""
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from helpers import CONF
+from specbench import artifacts
+from specbench.models import load_model
+from specbench.train import data as data_mod
+from specbench.train import loop
+from specbench.train.session import train_model
+
+BUDGET = ["train.data.num_prompts=4", "train.data.num_original=3", "train.data.max_new_tokens=8",
+          "train.data.batch_size=2", "train.max_sequences=7", "train.batch_size=2", "train.max_len=1024",
+          "train.eval_fraction=0.3", "train.max_steps=7", "train.warmup_steps=2", "train.checkpoint_every=2",
+          "train.eval_every=3", "train.cali=false", "threads=1"]
+METHODS = {"eesd": [], "eagle": [], "medusa2": ["method=medusa", "method.variant=medusa2", "method.num_heads=2"],
+           "space": ["method.lora=true"]}
+
+
+def cfg_for(data_dir, method, *extra):
+    args = METHODS[method] or [f"method={method}"]
+    if method == "space":
+        args = ["method=space", *args]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=["model=tiny-llama", f"task.data_dir={data_dir}", *BUDGET, *args, *extra])
+
+
+def train_in(cache: Path, monkeypatch, cfg) -> Path:
+    """Train in the artifact cache `cache`; the artifact's path."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))
+    out = train_model(cfg, load_model(cfg.model))
+    return Path(next(v for k, v in out.items() if k in ("eesd", "eagle", "medusa2", "space")))
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tensors(path: Path) -> dict:
+    return artifacts._flatten(artifacts.read_checkpoint(path, "-")["state"])
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    ta, tb = tensors(a), tensors(b)
+    assert ta.keys() == tb.keys()
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_same_setting_and_seed_give_the_same_artifact_bytes(method, data_dir, tmp_path, monkeypatch):
+    """Generation and training from an empty cache twice: the same bytes (so the same provenance
+    hash), and a state dict that differs for another seed (the test can see a difference)."""
+    cfg = cfg_for(data_dir, method)
+    a, b = train_in(tmp_path / "a", monkeypatch, cfg), train_in(tmp_path / "b", monkeypatch, cfg)
+    assert sha(a) == sha(b)
+    assert_same_state(a, b)
+    other = train_in(tmp_path / "c", monkeypatch, cfg_for(data_dir, method, "train.seed=1"))
+    assert any(not torch.equal(x, y) for x, y in zip(tensors(a).values(), tensors(other).values()))
+
+
+class Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_an_interrupted_training_resumes_to_the_same_bytes(method, data_dir, tmp_path, monkeypatch, capsys):
+    """An exception at step 5 (of 7; resume states every 2 steps): the rerun resumes at step 4 and
+    ends with exactly the uninterrupted run's artifact (bytes, hence its provenance hash)."""
+    cfg = cfg_for(data_dir, method)
+    whole = train_in(tmp_path / "whole", monkeypatch, cfg)
+    real = loop.batch_at
+    calls = {"n": 0}
+
+    def failing(sequences, tcfg, step):
+        calls["n"] += 1
+        if step == 5:
+            raise Interrupt()
+        return real(sequences, tcfg, step)
+
+    monkeypatch.setattr(loop, "batch_at", failing)
+    with pytest.raises(Interrupt):
+        train_in(tmp_path / "cut", monkeypatch, cfg)
+    cache = tmp_path / "cut"
+    states = list(cache.rglob("*.resume.safetensors"))
+    assert states and not list(cache.rglob("*.log.json"))  # progress kept, nothing finished
+    monkeypatch.setattr(loop, "batch_at", real)
+    capsys.readouterr()
+    resumed = train_in(cache, monkeypatch, cfg)
+    assert "resuming at step 4 of 7" in capsys.readouterr().out
+    assert sha(resumed) == sha(whole)
+    assert_same_state(resumed, whole)
+    assert not list(cache.rglob("*.resume.safetensors"))  # the finished artifact supersedes them
+    log_a = json.loads(whole.with_suffix(".log.json").read_text())
+    log_b = json.loads(resumed.with_suffix(".log.json").read_text())
+    assert [r["loss"] for r in log_a["log"]] == [r["loss"] for r in log_b["log"]]
+
+
+def test_a_resume_state_of_another_setting_is_ignored(data_dir, tmp_path, monkeypatch, capsys):
+    cfg = cfg_for(data_dir, "eagle")
+    real = loop.batch_at
+    monkeypatch.setattr(loop, "batch_at", lambda s, t, step: (_ for _ in ()).throw(Interrupt()) if step == 3 else real(s, t, step))
+    with pytest.raises(Interrupt):
+        train_in(tmp_path / "c", monkeypatch, cfg)
+    monkeypatch.setattr(loop, "batch_at", real)
+    capsys.readouterr()
+    other = train_in(tmp_path / "c", monkeypatch, cfg_for(data_dir, "eagle", "train.lr=0.002"))
+    out = capsys.readouterr().out
+    assert "resuming" not in out and "ignoring the resume state" in out
+    fresh = train_in(tmp_path / "d", monkeypatch, cfg_for(data_dir, "eagle", "train.lr=0.002"))
+    assert sha(other) == sha(fresh)
+
+
+@pytest.mark.parametrize("method", ["space", "medusa2"])
+def test_evaluations_do_not_change_the_weights(method, data_dir, tmp_path, monkeypatch):
+    """The held-out evaluations draw no randomness the training uses (SPACE's cuts, dropout)."""
+    a = train_in(tmp_path / "a", monkeypatch, cfg_for(data_dir, method, "train.eval_every=1"))
+    b = train_in(tmp_path / "b", monkeypatch, cfg_for(data_dir, method, "train.eval_every=null"))
+    assert_same_state(a, b)
+
+
+def test_the_curve_is_logged_against_steps(data_dir, tmp_path, monkeypatch):
+    path = train_in(tmp_path, monkeypatch, cfg_for(data_dir, "medusa2"))
+    body = json.loads(path.with_suffix(".log.json").read_text())
+    assert [p["step"] for p in body["curve"]] == [0, 3, 6, 7]
+    assert all(len(p["acceptance"]) == 2 and all(0 <= a <= 1 for a in p["acceptance"]) for p in body["curve"])
+    assert body["settings"]["data"]["sequences"] == 7 and body["settings"]["capped"] is False
+
+
+def test_generation_resumes_from_its_journal(data_dir, tmp_path, monkeypatch, capsys):
+    """Generation dies in its third batch: the two finished batches are kept; the rerun generates
+    the rest and the data equal an uninterrupted generation's (also after a torn journal line)."""
+    cfg = cfg_for(data_dir, "eagle", "train.data.num_prompts=6")
+    target = load_model(cfg.model)
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "whole"))
+    whole, _ = data_mod.load_sequences(target, cfg.train.data, data_dir, 0)
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cut"))
+    real, calls = data_mod.generate_batch, {"n": 0}
+
+    def failing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(data_mod, "generate_batch", failing)
+    with pytest.raises(KeyboardInterrupt):
+        data_mod.load_sequences(target, cfg.train.data, data_dir, 0)
+    journal = next((tmp_path / "cut").rglob("*.journal.jsonl"))
+    assert len(journal.read_text().splitlines()) == 2
+    with open(journal, "a") as f:
+        f.write('{"batch": 2, "sequen')  # a crash while writing the third line
+    monkeypatch.setattr(data_mod, "generate_batch", real)
+    capsys.readouterr()
+    again, stopped = data_mod.load_sequences(target, cfg.train.data, data_dir, 0)
+    assert "2 of 3 batches done before" in capsys.readouterr().out
+    assert stopped is None and [tuple(map(tuple, [s, [st]])) for s, st in again] == [tuple(map(tuple, [s, [st]])) for s, st in whole]
+    assert not journal.exists()
+
+
+class Clock:
+    """time.monotonic advancing 20 s per call: a 1-minute cap stops after a step or two."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def monotonic(self):
+        self.t += 20.0
+        return self.t
+
+
+def test_a_safety_cap_that_stops_training_is_recorded_and_printed(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(loop, "time", Clock())
+    path = train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eagle", "train.max_minutes=1"))
+    settings = artifacts.checkpoint_meta(path)["settings"]
+    assert settings["stopped_by"] == "train.max_minutes" and settings["capped"] is True and settings["steps"] < 7
+    assert "stopped early by the safety cap train.max_minutes=1" in capsys.readouterr().out
+    assert "safety cap" in artifacts.trained_summary(settings)
+
+
+def test_the_plan_is_printed_with_an_estimate(data_dir, tmp_path, monkeypatch, capsys):
+    train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eesd"))
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert "5 sequences, 7 steps of 2 (train.max_steps)" in text and "(an estimate, from the timed first step)" in text
+
+
+def test_planned_steps_and_the_schedule():
+    t = OmegaConf.create({"batch_size": 4, "max_steps": None, "epochs": 2, "warmup_steps": 2, "schedule": "cosine"})
+    assert loop.planned_steps(10, t) == (6, "epochs")
+    assert loop.planned_steps(10, OmegaConf.merge(t, {"max_steps": 5})) == (5, "max_steps")
+    assert loop.planned_steps(10, OmegaConf.merge(t, {"max_steps": 50, "epochs": None})) == (50, "max_steps")
+    factors = [loop.lr_factor(s, 10, t) for s in range(10)]
+    assert factors[:2] == [0.5, 1.0]  # linear warm-up
+    assert factors[2] == 1.0 and all(a > b for a, b in zip(factors[2:], factors[3:])) and 0 < factors[-1] < 0.05  # cosine decay to ~0
+    assert math.isclose(loop.lr_factor(6, 10, t), 0.5)  # half-way through the decay
+    assert [loop.lr_factor(s, 10, OmegaConf.merge(t, {"schedule": "constant"})) for s in (2, 9)] == [1.0, 1.0]
+    seqs = list(range(10))
+    steps = [loop.batch_at(seqs, OmegaConf.create({"batch_size": 4, "seed": 0}), s) for s in range(3)]
+    assert sorted(x for b in steps for x in b) == seqs  # one epoch covers every sequence once
+
+
+def test_curves_plot_and_refuse_bad_input(tmp_path, capsys):
+    from specbench.train import curves
+
+    log = tmp_path / "m.log.json"
+    log.write_text(json.dumps({"settings": {"method": {"name": "medusa"}},
+                               "curve": [{"step": 0, "acceptance": [0.1, 0.0]}, {"step": 4, "acceptance": [0.4, 0.2]}]}))
+    out = curves.main([str(log), "-o", str(tmp_path / "c.png")])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for bad in ({"log": []}, {"curve": []}):
+        log.write_text(json.dumps(bad))
+        with pytest.raises(SystemExit) as e:
+            curves.main([str(log), "-o", str(tmp_path / "d.png")])
+        assert e.value.code == 2
+    assert capsys.readouterr().err.count("specbench: error:") == 2 and not (tmp_path / "d.png").exists()
