@@ -58,6 +58,8 @@ def fingerprint(cfg: DictConfig) -> dict:
         c.pop("timing")
     if c.get("engine") == {"name": "native"}:  # likewise: runs before engines existed were native
         c.pop("engine")
+    if isinstance(c.get("engine"), dict):  # engine=vllm: one record per batch size, so more sizes extend a run
+        c["engine"].pop("batch_sizes", None)
     return c
 
 

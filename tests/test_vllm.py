@@ -233,3 +233,25 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     # other prompts are never mixed into these batch sizes
     with pytest.raises(SpecBenchError, match="measured on other prompts"):
         run_vllm(vllm_cfg(*args[:1], "task.num_samples=2", *args[2:]))
+
+
+# ----------------------------------------------------------------------------- a real run in .venv-vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not VENV_PYTHON.is_file(), reason=f"{VENV_PYTHON} is absent: `make vllm-env` builds vLLM's environment (docs/vllm.md)")
+def test_real_vllm_ar_and_ngram_at_batch_1_and_2(tmp_path):
+    """The embedded model converted and served by vLLM: AR and n-gram speculation, greedy, equal outputs."""
+    from specbench.vllm_engine.run import run_vllm
+
+    run_dir = tmp_path / "run"
+    s = run_vllm(vllm_cfg("method=ngram", "task.num_samples=2", "engine.batch_sizes=[1,2]", "max_new_tokens=24",
+                          "engine.max_model_len=1024", "engine.kv_cache_gib=1", "warmup_tokens=2", f"run_dir={run_dir}"))
+    assert [b["batch_size"] for b in s["batches"]] == [1, 2]
+    assert s["matches_ar"] == 2, s["batches"]  # greedy: vLLM's n-gram speculation returns vLLM's AR tokens
+    assert s["meta"]["worker"]["vllm"]
+    for line in (run_dir / "samples.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        for key in ("ar", "method"):
+            r = rec[key]
+            assert len(r["tokens"]) == 2 and all(1 <= len(t) <= 24 for t in r["tokens"])
+            assert r["new_tokens"] == sum(map(len, r["tokens"])) and r["wall"] > 0 and len(r["ttft"]) == 2
+        assert rec["ar"]["spec"]["drafts"] == 0 and rec["method"]["spec"]["draft_tokens"] >= rec["method"]["spec"]["accepted_tokens"]

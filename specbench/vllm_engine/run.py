@@ -138,7 +138,7 @@ def run_vllm(cfg: DictConfig) -> dict:
             on_record = lambda rec: run_dir.append(batch_record(rec, batches.index(rec["batch_size"]), samples, ids, task, tok))  # noqa: E731
             meta["worker"] = run_worker(python, spec, run_dir.path / "worker.log", float(cfg.engine.timeout_s), on_record)
         done = run_dir.done()
-        records = [done[f"batch-{b}"] for b in batches if f"batch-{b}" in done]
+        records = list(done.values())  # every batch size measured into this dir (engine.batch_sizes may grow)
         summary = summarize(records) | {"meta": meta}
         run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
     finally:
