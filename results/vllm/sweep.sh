@@ -6,5 +6,5 @@ set -eu
 cd "$(dirname "$0")/../.."
 m="$1"
 flock /work/core1.lock taskset -c 1 python -m specbench engine=vllm method="$m" task=gsm8k task.num_samples=16 \
-    max_new_tokens=128 'engine.batch_sizes=[1,2,4,8,16]' engine.timeout_s=660 progress=false \
+    max_new_tokens=128 'engine.batch_sizes=[1,2,4,8,16]' engine.timeout_s=600 progress=false \
     run_dir=results/vllm/runs/gsm8k-"$m"
