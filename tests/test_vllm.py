@@ -117,6 +117,15 @@ class _Metric:
         self.name, self.value, self.values = name, value, values
 
 
+def test_a_worker_killed_by_the_kernel_is_named(tmp_path):
+    from specbench.vllm_engine.run import last_error
+
+    log = tmp_path / "worker.log"
+    log.write_text("INFO start\nERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: None)\n"
+                   "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert last_error(log).startswith("RuntimeError: Engine core initialization failed") and "out of memory?" in last_error(log)
+
+
 def test_worker_counters_are_differences_per_batch_size():
     sys.path.insert(0, str(REPO / "specbench" / "vllm_engine"))
     try:

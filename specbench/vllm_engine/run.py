@@ -102,9 +102,13 @@ def run_worker(python: Path, spec: dict, log: Path, timeout_s: float, on_record)
 
 
 def last_error(log: Path) -> str:
+    """The worker log's last error line; a vLLM process that vanished is named (the kernel's OOM killer, mostly)."""
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
-    return (errors or lines or ["no output"])[-1][:300]
+    text = (errors or lines or ["no output"])[-1][:300]
+    if any("died unexpectedly" in ln for ln in lines):
+        text += "; a vLLM process died without an error (killed: out of memory? lower engine.kv_cache_gib)"
+    return text
 
 
 def run_vllm(cfg: DictConfig) -> dict:
