@@ -89,8 +89,10 @@ def plot(runs, path: Path) -> None:
                  label=f"AR (in the {s['meta']['method']} run)")
         ax2.plot(bs, [b["speedup"] for b in s["batches"]], marker="o", color=line.get_color(), label=label(s))
     ax2.axhline(1.0, color="grey", lw=1)
+    sizes = sorted({b["batch_size"] for _, s in runs for b in s["batches"]})
     for ax, ylabel in ((ax1, "output tokens/s"), (ax2, "speedup over AR")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("batch size (requests decoded together)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
