@@ -5,7 +5,7 @@ export SPECBENCH_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup run test bench clean gpu-check
+.PHONY: setup run test bench clean gpu-check vllm-env
 
 setup:
 	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (2.13.0 is the CPU build here)
@@ -25,6 +25,10 @@ RUN_DIR = results/runs/smollm2-135m/gsm8k/eesd-cali_ts
 run: setup
 	$(PY) -m specbench method=eesd task=gsm8k task.num_samples=3 max_new_tokens=128 run_dir=$(RUN_DIR)
 	@$(PY) -m specbench.report $(RUN_DIR) | tail -1
+
+# vLLM's own environment (.venv-vllm) for `engine=vllm` (docs/vllm.md): its pins conflict with the project's
+vllm-env:
+	@PY=$(PY) sh tools/vllm_env.sh
 
 test:
 	$(PY) -m pytest tests

@@ -8,6 +8,7 @@ import hydra
 from omegaconf import DictConfig
 
 from specbench.config import CONF_DIR, fail, precheck
+from specbench.engines import engine_argv
 from specbench.errors import SpecBenchError
 from specbench.help import main_help, wants_help
 
@@ -16,6 +17,10 @@ def main() -> None:
     if wants_help(sys.argv[1:]):  # ours, not Hydra's generic dump (that one: --hydra-help)
         print(main_help())
         return
+    try:  # engine=vllm: method=<name> is one of vLLM's (conf/method/vllm), for Hydra too
+        sys.argv[1:] = engine_argv(sys.argv[1:])
+    except SpecBenchError as e:
+        fail(str(e))
     # every job of the command (each combination of a multirun) is composed and validated first
     precheck(sys.argv[1:])
 
@@ -23,10 +28,15 @@ def main() -> None:
     def _main(cfg: DictConfig) -> None:
         # imported only once the command line is known good: bad input gets its one line without
         # paying for torch, transformers and every method (not a cycle: runner never imports cli)
-        from specbench.runner import run
-
         try:
-            run(cfg)
+            if cfg.engine.name == "vllm":  # its own package: the native decode loop is not imported
+                from specbench.vllm_engine.run import run_vllm
+
+                run_vllm(cfg)
+            else:
+                from specbench.runner import run
+
+                run(cfg)
         except SpecBenchError as e:
             fail(str(e))
 

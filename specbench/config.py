@@ -23,11 +23,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench import modelinfo, schema
+from specbench.engines import VLLM_METHOD_DIR, engine_rules, method_options
 from specbench.errors import SpecBenchError
 from specbench.rundir import check_run_dir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("method", "task", "model", "control", "experiment")
+GROUPS = ("method", "task", "model", "control", "experiment", "engine")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_COMBINATIONS = 256  # beyond: each swept value once, the other keys at their first value
 
@@ -41,10 +42,12 @@ def register_paper_control_fallbacks(conf_dir: Path = CONF_DIR) -> list[str]:
     Hydra's config store as PAPER_CONTROL_FALLBACK (a file, where there is one, is found first).
     Runs when this module is imported, which every entry point does before composing."""
     store = ConfigStore.instance()
-    missing = sorted(p.stem for p in (conf_dir / "method").glob("*.yaml")
-                     if not (conf_dir / "control" / "paper" / p.name).is_file())
+    methods = [p.stem for p in (conf_dir / "method").glob("*.yaml")]
+    methods += [f"{VLLM_METHOD_DIR}/{p.stem}" for p in (conf_dir / "method" / VLLM_METHOD_DIR).glob("*.yaml")]
+    missing = sorted(m for m in methods if not (conf_dir / "control" / "paper" / f"{m}.yaml").is_file())
     for name in missing:
-        store.store(group="control/paper", name=name, node={"defaults": [f"/control/{PAPER_CONTROL_FALLBACK}@_here_"]})
+        group, _, leaf = f"control/paper/{name}".rpartition("/")
+        store.store(group=group, name=leaf, node={"defaults": [f"/control/{PAPER_CONTROL_FALLBACK}@_here_"]})
     return missing
 
 
@@ -63,17 +66,25 @@ def one_line(e: BaseException, lines: int = 2) -> str:
 
 
 def check_choices(argv: list[str]) -> None:
-    """Reject unknown group choices before Hydra does (its message spans many lines)."""
+    """Reject unknown group choices before Hydra does (its message spans many lines); argv as
+    engines.engine_argv rewrote it."""
     for arg in argv:
         if arg.startswith("~"):
             # the code reads every shipped key: a removed one would fail late, or fall back to a default elsewhere
             fail(f"{arg!r}: removing a key is not supported; set it to another value (null where allowed)")
         key, sep, value = arg.partition("=")
         key = key.lstrip("+~")
-        if sep and key in GROUPS and "," not in value:
-            options = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
-            if value not in options:
-                fail(f"unknown {key} {value!r}; allowed: {', '.join(options)}")
+        for v in value.split(",") if sep and key in GROUPS else []:
+            try:
+                name, options, where = method_options(CONF_DIR, v, argv) if key == "method" else (v, _choices(key), "")
+            except SpecBenchError as e:
+                fail(str(e))
+            if name not in options:
+                fail(f"unknown {key} {name!r}{where}; allowed: {', '.join(options)}")
+
+
+def _choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
@@ -128,7 +139,8 @@ def combinations(argv: list[str]) -> list[list[str]] | None:
 
 
 def precheck(argv: list[str]) -> None:
-    """Compose and validate every job of `argv`; one line and exit 2 on the first bad one."""
+    """Compose and validate every job of `argv` (as engines.engine_argv rewrote it); one line and
+    exit 2 on the first bad one."""
     check_choices(argv)
     try:
         for overrides in combinations(argv) or []:
@@ -213,7 +225,7 @@ def validate(cfg: DictConfig) -> None:
 def _group(cfg, group: str) -> None:
     if not isinstance(cfg[group], DictConfig):
         raise _bad(group, _get(cfg, group), f"a {group} config (a mapping)")
-    choice, table = schema.group_table(group, cfg[group])
+    choice, table = schema.group_table(group, cfg[group], _get(cfg, "engine.name"))
     if table is None and group != "model":
         # a method, task or controller registered at runtime (library use, tests), not shipped in
         # conf/: its own code checks its keys (the command line only offers conf/'s choices)
@@ -248,6 +260,7 @@ def rules(cfg) -> None:
         p = Path(str(_get(cfg, "model.id"))).expanduser()
         if p.is_dir() and not (p / "config.json").is_file():
             raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
+    engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)
     if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
         check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
 

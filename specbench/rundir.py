@@ -56,11 +56,16 @@ def fingerprint(cfg: DictConfig) -> dict:
     c.pop("run_dir", None)
     if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
         c.pop("timing")
+    if c.get("engine") == {"name": "native"}:  # likewise: runs before engines existed were native
+        c.pop("engine")
+    if isinstance(c.get("engine"), dict):  # engine=vllm: one record per batch size, so more sizes extend a run
+        c["engine"].pop("batch_sizes", None)
     return c
 
 
 # the files a run dir holds (a directory holding only these, or our config.json, is a run)
-RUN_FILES = {LOCK, "config.json", "config.yaml", "samples.jsonl", "summary.json", "forward_costs.json", "profile.json"}
+RUN_FILES = {LOCK, "config.json", "config.yaml", "samples.jsonl", "summary.json", "forward_costs.json", "profile.json",
+             "worker.log"}  # worker.log: engine=vllm's worker output
 
 
 def config_hash(cfg: DictConfig, exclude=()) -> str:

@@ -260,12 +260,34 @@ TRAIN = _TRAIN | {
 # python -m specbench.skipsearch's own keys (their defaults: skipsearch.SEARCH_KEYS)
 SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
 
-GROUP_KEYS = ("method", "task", "model", "control", "train")  # nodes with their own tables
-GROUPS = {"method": METHODS, "task": TASKS, "control": CONTROLS}  # chosen by `name`; model by `loader`
+# ------------------------------------------------------------------------------ engine (by name), vLLM's methods
+ENGINES = {
+    "native": {"name": STR()},
+    "vllm": {"name": STR(), "python": STR(), "batch_sizes": LIST(INT(1, 4096)), "dtype": CHOICE(*DTYPES),
+             "max_model_len": INT(16), "enforce_eager": BOOL(), "kv_cache_gib": POS(), "tensor_parallel_size": INT(1),
+             "pipeline_parallel_size": INT(1), "ignore_eos": BOOL(), "timeout_s": POS()},
+}
+_SPEC = {"name": STR(), "num_speculative_tokens": INT(1, 64)}
+_HEAD = _SPEC | {"model": STR(null=True)}  # null is refused by config.rules with what to give
+# engine=vllm: method=<name> is conf/method/vllm/<name>.yaml (specbench.vllm_engine.settings maps them to vLLM's keys)
+VLLM_METHODS = {
+    "ar": {"name": STR()},
+    "ngram": _SPEC | {"prompt_lookup_min": INT(1), "prompt_lookup_max": INT(1)},
+    "suffix": _SPEC | {"max_tree_depth": INT(1), "max_cached_requests": INT(0), "max_spec_factor": NUM(0),
+                       "min_token_prob": FRACTION()},
+    "eagle": _HEAD, "eagle3": _HEAD, "medusa": _HEAD, "draft_model": _HEAD,
+}
+
+GROUP_KEYS = ("method", "task", "model", "control", "train", "engine")  # nodes with their own tables
+GROUPS = {"method": METHODS, "task": TASKS, "control": CONTROLS, "engine": ENGINES}  # chosen by `name`; model by `loader`
 
 
-def group_table(group: str, cfg_group) -> tuple[str, dict | None]:
-    """(the choice, its table) for one group node of a composed config; table None: unknown choice."""
+def group_table(group: str, cfg_group, engine: str = "native") -> tuple[str, dict | None]:
+    """(the choice, its table) for one group node of a composed config; table None: unknown choice.
+    `engine`: the config's engine.name (vllm: the method is one of vLLM's)."""
+    if group == "method" and engine == "vllm":
+        choice = cfg_group.get("name")
+        return repr(choice), VLLM_METHODS.get(choice)
     if group == "train":
         return "train", TRAIN
     if group == "model":

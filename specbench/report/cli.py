@@ -6,6 +6,7 @@ Finds every run dir (one holding summary.json) under the given dirs and writes t
   tables.md, tables.tex  the tables of tables.py (and leaderboard.py for task=spec_bench runs)
   *.png                  the plots of plots.py (only those with data; each skipped plot is named
                          with the reason)
+  vllm_tables.md, vllm_throughput.png   engine=vllm runs (specbench/vllm_engine/report.py)
 
 Runs are grouped into settings and systems, and repeats pooled, as groups.py describes; nothing
 incompatible is ever averaged.
@@ -23,6 +24,7 @@ from specbench.report.leaderboard import leaderboard_tables
 from specbench.report.load import find_runs
 from specbench.report.plots import plot_all
 from specbench.report.tables import LATEX, MARKDOWN, make_tables, render
+from specbench.vllm_engine import report as vllm_report
 
 
 def report(dirs, out=None, baseline: str | None = None) -> dict:
@@ -30,7 +32,12 @@ def report(dirs, out=None, baseline: str | None = None) -> dict:
 
     matplotlib.use("Agg")
     dirs = [Path(d) for d in dirs]
-    runs = find_runs(dirs)
+    vllm = vllm_report.has_runs(dirs)
+    if vllm:  # engine=vllm runs: their own tables and plot (throughput vs batch size)
+        vllm_report.report(dirs, out)
+    runs = find_runs(dirs, allow_empty=vllm)
+    if not runs:
+        return {"out": Path(out) if out else dirs[0] / "report", "runs": [], "groups": [], "frame": None, "tables": [], "plots": []}
     groups = build_groups(runs)
     labels = {r.path: g.label for g in groups for r in g.runs}
     if baseline not in (None, "ar") and not any(baseline in (g.label, g.first.method, g.label.split(" (")[0]) for g in groups):

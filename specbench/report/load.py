@@ -167,7 +167,8 @@ class Run:
         return self._samples
 
 
-def find_runs(dirs) -> list[Run]:
+def find_runs(dirs, allow_empty: bool = False) -> list[Run]:
+    """The native engine's finished runs under `dirs` (engine=vllm runs: specbench.vllm_engine.report)."""
     runs = []
     seen = set()
     for d in dirs:
@@ -191,9 +192,11 @@ def find_runs(dirs) -> list[Run]:
             if not summary.get("samples"):
                 print(f"note: skipping {rd}: no finished samples")
                 continue
+            if summary.get("engine") == "vllm":  # per batch size, not per sample: specbench.vllm_engine.report
+                continue
             config, _ = read_finished(rd, summary)  # refuses a run in progress, damaged or mixed
             runs.append(Run(rd, summary, _flatten(config)))
-    if not runs:
+    if not runs and not allow_empty:
         raise SpecBenchError("no run dirs (holding summary.json) under " + ", ".join(str(d) for d in dirs))
     label_models(runs)
     return runs

@@ -1,0 +1,70 @@
+"""The model vLLM serves: the embedded GGUF converted once to a Hugging Face directory, or an HF id/path as-is.
+
+transformers dequantizes the GGUF to float32 on load; `save_pretrained` refuses such a model while it still
+carries the GGUF quantizer and `quantization_config` (the weights are plain float32 by then), so both are
+cleared first. The directory is cached under the cache dir keyed by the GGUF's SHA-256, written to a
+temporary sibling and renamed, so a crash never leaves a half-written model that a later run would trust.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from specbench.cachedir import cache_dir
+from specbench.errors import SpecBenchError
+
+
+def converted_dir(gguf_sha256: str, name: str) -> Path:
+    return cache_dir() / "vllm" / f"{name}-{gguf_sha256[:16]}"
+
+
+def convert_gguf(model_cfg, out: Path) -> None:
+    """Load the GGUF with transformers and save it as a Hugging Face directory at `out`."""
+    from specbench.models import load_gguf
+
+    adapter = load_gguf(model_cfg)
+    model, tok = adapter.model, adapter.tokenizer.tok
+    model.hf_quantizer = None  # the GGUF "quantizer" only dequantized on load
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SpecBenchError(f"cannot write the converted model to {out}: {e.strerror or e}") from None
+
+
+def model_for_vllm(model_cfg, provenance: dict) -> str:
+    """What vLLM loads for `model_cfg`: the converted embedded model's directory, or model.id as given."""
+    if model_cfg.loader == "hf":
+        return str(model_cfg.id)
+    out = converted_dir(provenance["sha256"], str(model_cfg.name))
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"converting {model_cfg.name} to a Hugging Face directory for vLLM (once): {out}")
+        convert_gguf(model_cfg, out)
+    return str(out)
+
+
+def load_tokenizer(model_cfg):
+    """The native engine's tokenizer for `model_cfg` (its chat template and end tokens), without the weights."""
+    from transformers import AutoTokenizer
+
+    from specbench.models import gguf_path
+    from specbench.models.tokenizer import ChatTokenizer
+
+    try:
+        if model_cfg.loader == "gguf":
+            p = gguf_path(model_cfg)
+            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        else:
+            tok = AutoTokenizer.from_pretrained(str(model_cfg.id), revision=model_cfg.get("revision"))
+    except OSError as e:
+        raise SpecBenchError(f"cannot load the tokenizer of {model_cfg.name}: {str(e).splitlines()[0][:200]}") from None
+    return ChatTokenizer(tok, model_cfg.get("chat_template", True), list(model_cfg.get("eos_tokens", [])))

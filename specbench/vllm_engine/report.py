@@ -1,0 +1,130 @@
+"""The vLLM batch sweep's report: `python -m specbench.vllm_engine.report DIR [DIR ...] [--out DIR]`.
+
+Reads every finished engine=vllm run dir under DIR (summary.json with engine: vllm; read through
+rundir.read_finished, so a run in progress, damaged or mixed is refused) and writes to --out (default
+<first dir>/report/): vllm_tables.md (per method and batch size: AR and method throughput, speedup,
+greedy equality with vLLM's AR, acceptance; then each method's crossover batch) and vllm_throughput.png
+(throughput vs batch size with AR, and speedup vs batch size with the break-even line).
+Each run's speedup is the ratio inside that run (AR and the method in one worker on the same prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specbench import table
+from specbench.errors import SpecBenchError
+from specbench.rundir import OLD_MARK, read_finished
+
+
+def _summaries(dirs):
+    for d in map(Path, dirs):
+        if not d.exists():
+            raise SpecBenchError(f"results dir {d} does not exist")
+        for s in sorted(d.rglob("summary.json")):
+            if OLD_MARK in s.parent.name:
+                continue
+            try:
+                summary = json.loads(s.read_text())
+            except (ValueError, UnicodeDecodeError) as e:
+                raise SpecBenchError(f"{s} is not valid JSON ({e})") from None
+            if isinstance(summary, dict) and summary.get("engine") == "vllm" and summary.get("samples"):
+                yield s.parent, summary
+
+
+def has_runs(dirs) -> bool:
+    return any(True for _ in _summaries(dirs))
+
+
+def find_vllm_runs(dirs) -> list[tuple[Path, dict]]:
+    out = []
+    for path, summary in _summaries(dirs):
+        read_finished(path, summary)  # refuses a run in progress, damaged or mixed
+        out.append((path, summary))
+    if not out:
+        raise SpecBenchError("no engine=vllm run dirs (summary.json with engine: vllm) under " + ", ".join(map(str, dirs)))
+    return out
+
+
+def label(summary: dict) -> str:
+    spec = summary["meta"].get("speculative_config") or {}
+    k = spec.get("num_speculative_tokens")
+    return summary["meta"]["method"] + (f" (k={k})" if k else "")
+
+
+def _f(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def tables_md(runs) -> str:
+    cols = ["method", "batch", table.Column("AR tok/s", spec=".1f"), table.Column("method tok/s", spec=".1f"), "speedup", "=AR",
+            "accept len", "accept by position"]
+    rows = [[label(s), b["batch_size"], b["ar_tokens_per_s"], b["method_tokens_per_s"], _f(b["speedup"], ".3f") + "x",
+             f"{b['matches_ar']}/{b['requests']}", _f(b["mean_accepted_length"]), " ".join(_f(p) for p in b["per_position"] or [])]
+            for _, s in runs for b in s["batches"]]
+    cross = [[label(s), ", ".join(str(b["batch_size"]) for b in s["batches"]),
+              s["crossover_batch"] if s["crossover_batch"] else "pays at every batch size measured"] for _, s in runs]
+    m = runs[0][1]["meta"]
+    head = (f"# vLLM: throughput vs batch size\n\nmodel {m['model']}, task {m['task']}, {m['prompts']} prompts, "
+            f"max_new_tokens {m['max_new_tokens']}, sampling {m['sampling']}; runs: " + ", ".join(str(p) for p, _ in runs) + "\n\n")
+    return (head + table.render(cols, rows, "markdown") + "\n\nspeedup: the method's tok/s over AR's in the same worker; "
+            "=AR: requests whose tokens equal vLLM's AR; accept len: 1 + accepted / drafts\n\n## Crossover (smallest batch size "
+            "with speedup < 1)\n\n" + table.render(["method", "batch sizes", "crossover batch"], cross, "markdown") + "\n")
+
+
+def plot(runs, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (_, s) in enumerate(runs):
+        bs = [b["batch_size"] for b in s["batches"]]
+        line, = ax1.plot(bs, [b["method_tokens_per_s"] for b in s["batches"]], marker="o", label=label(s))
+        ax1.plot(bs, [b["ar_tokens_per_s"] for b in s["batches"]], ls="--", color=line.get_color(), alpha=0.6,
+                 label=f"AR (in the {s['meta']['method']} run)")
+        ax2.plot(bs, [b["speedup"] for b in s["batches"]], marker="o", color=line.get_color(), label=label(s))
+    ax2.axhline(1.0, color="grey", lw=1)
+    sizes = sorted({b["batch_size"] for _, s in runs for b in s["batches"]})
+    for ax, ylabel in ((ax1, "output tokens/s"), (ax2, "speedup over AR")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size (requests decoded together)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    m = runs[0][1]["meta"]
+    fig.suptitle(f"vLLM {m.get('worker', {}).get('vllm', '')}: {m['model']}, {m['task']}, {m['prompts']} prompts", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(dirs, out=None) -> Path:
+    runs = find_vllm_runs(dirs)
+    out = Path(out) if out else Path(dirs[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vllm_tables.md").write_text(tables_md(runs))
+    plot(runs, out / "vllm_throughput.png")
+    print(f"vllm report: {len(runs)} runs -> {out} (vllm_tables.md, vllm_throughput.png)")
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m specbench.vllm_engine.report", description=__doc__.split("\n")[0])
+    p.add_argument("dirs", nargs="+")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    try:
+        report(a.dirs, a.out)
+    except (SpecBenchError, OSError) as e:
+        print(f"specbench: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""`python -m specbench engine=vllm method=<name> ...`: validate, prepare the model, run the vLLM worker, keep its results.
+
+Nothing is written before the whole configuration is validated, the vLLM environment found and the prompts
+tokenized. The run directory follows the native engine's rules (specbench/rundir.py: fingerprint with the
+weights' hashes, one writer, resume, overwrite moves aside): one record per batch size in samples.jsonl,
+appended the moment the worker reports it, so a crash keeps every finished batch size and a re-run runs
+only the missing ones, on the same prompts (checked: a record names the sample ids it was measured on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config import validate
+from specbench.errors import SpecBenchError
+from specbench.provenance import model_provenance, path_digest
+from specbench.rundir import RunDir, check_run_dir
+from specbench.tasks import build_task
+from specbench.vllm_engine import settings
+from specbench.vllm_engine.convert import load_tokenizer, model_for_vllm
+from specbench.vllm_engine.summary import batch_record, print_summary, summarize
+
+WORKER = Path(__file__).resolve().parent / "worker.py"
+PRELOAD = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "lib/libiomp5.so")  # the second: in the vLLM env
+
+
+def check_environment(python: Path) -> None:
+    if not python.is_file():
+        raise SpecBenchError(f"engine=vllm needs the vLLM environment: {python} not found; run `make vllm-env` "
+                             "(or set engine.python to a Python with vllm installed)")
+
+
+def worker_env(python: Path, kv_cache_gib: float) -> dict:
+    """vLLM's CPU advice: tcmalloc and Intel OpenMP preloaded (where present); its KV cache size; its
+    OpenMP threads bound to the cores this process may use (so `taskset` confines it)."""
+    env = dict(os.environ)
+    venv = python.parent.parent
+    found = [str(p) for p in (Path(PRELOAD[0]), venv / PRELOAD[1]) if p.is_file()]
+    if found:
+        env["LD_PRELOAD"] = ":".join(found + [env["LD_PRELOAD"]] if env.get("LD_PRELOAD") else found)
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    env.pop("PYTHONPATH", None)  # the worker imports vllm and the stdlib only
+    return env
+
+
+def prompts_of(cfg: DictConfig):
+    """The task's samples and their first turns as token ids (the native engine's tokenizer and template)."""
+    samples = build_task(cfg.task).load()
+    tok = load_tokenizer(cfg.model)
+    prompts = [tok.encode_chat(s.messages([])) for s in samples]
+    limit = int(cfg.engine.max_model_len)
+    for s, p in zip(samples, prompts):
+        if len(p) >= limit:
+            raise SpecBenchError(f"sample {s.id!r}: the prompt has {len(p)} tokens, engine.max_model_len={limit}; raise it")
+    return samples, prompts, tok
+
+
+def provenance_of(cfg: DictConfig) -> dict:
+    out = {"model": model_provenance(cfg.model, None), "artifacts": {}}
+    drafter = cfg.method.get("model")
+    if drafter and Path(str(drafter)).expanduser().exists():
+        out["artifacts"]["model"] = path_digest(drafter)
+    return out
+
+
+def run_worker(python: Path, spec: dict, log: Path, timeout_s: float, on_record) -> dict:
+    """Run the worker; `on_record(rec)` for each batch size the moment it is written. Returns the worker's info."""
+    info: dict = {}
+    with tempfile.TemporaryDirectory(prefix="specbench-vllm-") as tmp:
+        spec = spec | {"out": str(Path(tmp) / "results.jsonl")}
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        Path(spec["out"]).touch()
+        with open(log, "a") as logf, open(spec["out"]) as results:
+            proc = subprocess.Popen([str(python), str(WORKER), str(Path(tmp) / "spec.json")], stdout=logf, stderr=subprocess.STDOUT,
+                                    env=worker_env(python, float(spec["kv_cache_gib"])), start_new_session=True, cwd=tmp)
+            deadline, pending = time.monotonic() + timeout_s, ""
+            while True:
+                ended = proc.poll() is not None
+                pending += results.read()
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    rec = json.loads(line)
+                    info.update(rec) if rec.get("kind") == "info" else on_record(rec)
+                if ended:
+                    break
+                if time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and the processes vLLM spawned
+                    raise SpecBenchError(f"the vLLM worker ran past engine.timeout_s={timeout_s:g}; finished batch sizes are kept ({log})")
+                time.sleep(0.2)
+    if proc.returncode:
+        raise SpecBenchError(f"the vLLM worker failed (exit {proc.returncode}): {last_error(log)} (full log: {log})")
+    return info
+
+
+def last_error(log: Path) -> str:
+    """The worker log's last error line; a vLLM process that vanished is named (the kernel's OOM killer, mostly)."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
+    text = (errors or lines or ["no output"])[-1][:300]
+    if any("died unexpectedly" in ln for ln in lines):
+        text += "; a vLLM process died without an error (killed: out of memory? lower engine.kv_cache_gib)"
+    return text
+
+
+def run_vllm(cfg: DictConfig) -> dict:
+    validate(cfg)
+    check_run_dir(cfg.get("run_dir"))
+    python = settings.worker_python(cfg.engine)
+    check_environment(python)
+    samples, prompts, tok = prompts_of(cfg)
+    ids = [s.id for s in samples]
+    provenance = provenance_of(cfg)
+    model = model_for_vllm(cfg.model, provenance["model"])  # the converted model lives in the cache, not the run dir
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    meta = {"engine": "vllm", "method": cfg.method.name, "task": cfg.task.name, "model": cfg.model.name, "vllm_model": model,
+            "speculative_config": settings.speculative_config(plain["method"]), "sampling": plain["sampling"],
+            "max_new_tokens": int(cfg.max_new_tokens), "prompts": len(prompts), "first_turn_only": any(len(s.turns) > 1 for s in samples),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)), provenance)
+    try:
+        done = run_dir.done()
+        for rec in done.values():
+            if rec.get("prompt_ids") != ids:
+                raise SpecBenchError(f"run dir {run_dir.path} holds {rec['id']} measured on other prompts (task.num_samples or "
+                                     "task.seed changed); choose another run_name or pass overwrite=true")
+        batches = [int(b) for b in cfg.engine.batch_sizes]
+        todo = [b for b in batches if f"batch-{b}" not in done]
+        if todo:
+            spec = settings.worker_spec(plain, model, prompts, ids, todo, tok.eos_ids, int(cfg.max_new_tokens), "")
+            spec["kv_cache_gib"] = float(cfg.engine.kv_cache_gib)
+            task = build_task(cfg.task)
+            print(f"vllm: {cfg.method.name} and AR, {len(prompts)} prompts, batch sizes {todo} (worker log: {run_dir.path / 'worker.log'})")
+            on_record = lambda rec: run_dir.append(batch_record(rec, batches.index(rec["batch_size"]), samples, ids, task, tok))  # noqa: E731
+            meta["worker"] = run_worker(python, spec, run_dir.path / "worker.log", float(cfg.engine.timeout_s), on_record)
+        done = run_dir.done()
+        records = list(done.values())  # every batch size measured into this dir (engine.batch_sizes may grow)
+        summary = summarize(records) | {"meta": meta}
+        run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
+    finally:
+        run_dir.release()
+    summary["printed"] = print_summary(summary)
+    print(f"results: {run_dir.path}")
+    return summary
