@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.metrics.acceptance import position_rates
+from specbench.rundir import _record
+from specbench.summary import aggregate
 from specbench.table import markdown
 
 
@@ -57,6 +59,19 @@ def run_row(task: str, recipe: str, s: dict) -> list[str]:
             " ".join(str(n) for n in s["accepted_hist"]), f"{_f(s['speedup'], '.2f')}x"]
 
 
+def run_summary(run: Path) -> tuple[dict, str] | None:
+    """summary.json, or (a run stopped before its end) the samples it stored, pooled the same way
+    and labelled partial; None where no sample finished."""
+    if (run / "summary.json").is_file():
+        return json.loads((run / "summary.json").read_text()), ""
+    lines = (run / "samples.jsonl").read_bytes().splitlines() if (run / "samples.jsonl").is_file() else []
+    records = [r for r in map(_record, lines) if r is not None]
+    if not records:
+        return None
+    want = json.loads((run / "config.json").read_text())["task"]["num_samples"]
+    return aggregate(records, None), f" (partial: {len(records)} of {want} samples)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", type=Path)
@@ -67,8 +82,11 @@ def main() -> None:
                     "per-head top-1"],
                    [train_row(p.name.removesuffix(".log.json"), json.loads(p.read_text())) for p in logs]))
     print()
-    rows = [run_row(p.parent.parent.name, p.parent.name, json.loads(p.read_text()))
-            for p in sorted(args.dir.glob("*/*/summary.json")) if p.parent.parent.name != "train"]
+    rows = []
+    for run in sorted(p.parent for p in args.dir.glob("*/*/config.json")):
+        found = run_summary(run)
+        if found:
+            rows.append(run_row(run.parent.name, run.name + found[1], found[0]))
     print(markdown(["task", "recipe", "=AR", "original reproduces AR", "score AR / AR base", "tau", "v_d",
                     "by position, unconditional", "by position, conditional", "accepted-length histogram (0, 1, ...)",
                     "speedup"], rows))
