@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from specbench import runner
-from specbench.artifacts import load_checkpoint
+from specbench.artifacts import checkpoint_path, load_checkpoint
 from specbench.errors import SpecBenchError
+from specbench.methods.medusa import medusa2_structure
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.train import medusa2  # registers the Medusa-2 trainer
 from specbench.train.trainers import TRAINERS
@@ -150,6 +151,16 @@ def test_default_recipe_is_lora_on_backbone_and_lm_head_with_dropout(tmp_path, m
     assert orig.lm_head.weight is orig.model.embed_tokens.weight  # the shared original is untouched
     prompt = [5, 6, 7, 8]
     assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 16)
+
+
+def test_each_backbone_recipe_has_its_own_checkpoint():
+    """Training one recipe never overwrites (or is loaded as) the other: the recipe and the LoRA
+    shape are in the cache key (results/bench/medusa2_recipe.md trains both side by side)."""
+    def path(**kw):
+        return checkpoint_path("medusa2", "m", medusa2_structure(OmegaConf.create({"variant": "medusa2"} | kw)))
+
+    assert len({path(backbone="lora"), path(backbone="full"), path(backbone="lora", lora_r=8)}) == 3
+    assert path(backbone="full", lora_r=8) == path(backbone="full")  # LoRA settings mean nothing to full
 
 
 def test_backbone_choice_errors():
