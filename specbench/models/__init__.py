@@ -44,6 +44,14 @@ def _offline_env() -> None:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def _quiet_loading() -> None:
+    # transformers' own bars (GGUF de-quantizing, "Loading weights") are noise next to the run's
+    # one progress bar, and stderr is kept for our one-line errors
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def gguf_path(cfg) -> Path:
     if cfg.get("path"):
         p = Path(cfg.path).expanduser()
@@ -65,6 +73,7 @@ def load_gguf(cfg) -> ModelAdapter:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _offline_env()
+    _quiet_loading()
     path = gguf_path(cfg)
     device = _device(cfg.get("device", "cpu"))
     dtype = _dtype(cfg.get("dtype", "float32"), device)
@@ -89,9 +98,7 @@ def load_hf(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "auto"))
     dtype = _dtype(cfg.get("dtype", "auto"), device)
     kwargs = dict(dtype=dtype, revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # keep stderr for our own one-line errors
+    _quiet_loading()
     if cfg.get("device_map"):
         kwargs["device_map"] = cfg.device_map
     try:
