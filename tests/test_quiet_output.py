@@ -45,7 +45,8 @@ def test_a_default_run_writes_only_its_progress_bar_to_stderr(tmp_path, data_dir
     Bites on a library warning from our own calls (transformers' `past_key_values` FutureWarning
     from the adapter's layer calls was one), a library's progress bar or log line."""
     r = run_cli(["model=tiny-llama", "method=pld", "task=gsm8k", "task.num_samples=1", "max_new_tokens=16",
-                 "threads=1", "profile.reps=1", "profile.context=20", f"run_dir={tmp_path / 'run'}"], data_dir)
+                 "threads=1", "profile.reps=1", "profile.context=20", f"run_dir={tmp_path / 'run'}"], data_dir,
+                timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "outputs identical to AR: 1/1" in r.stdout
     lines = [s.strip() for s in re.split(r"[\r\n]+", r.stderr) if s.strip()]
