@@ -9,6 +9,7 @@ import re
 import pytest
 import transformers
 from omegaconf import OmegaConf
+from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
 from helpers import run_cli
@@ -16,12 +17,14 @@ from specbench.errors import SpecBenchError
 from specbench.models import MODEL_LOADERS
 
 
-def test_gguf_loading_hides_transformers_progress_bars(tmp_path, monkeypatch):
+def test_gguf_loading_hides_transformers_progress_bars(tmp_path, monkeypatch, capsys):
     """The embedded model's load drew two transformers bars (de-quantizing, "Loading weights")."""
     seen = []
 
     def fake_from_pretrained(*args, **kwargs):
         seen.append(hf_logging.is_progress_bar_enabled())
+        for _ in tqdm(range(3), desc="GGUF reader chatter"):  # as transformers' GGUF reader: a plain tqdm
+            pass
         raise ValueError("stop before reading the file")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_from_pretrained)
@@ -37,6 +40,7 @@ def test_gguf_loading_hides_transformers_progress_bars(tmp_path, monkeypatch):
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
     assert seen == [False]
+    assert "chatter" not in capsys.readouterr().err
 
 
 def test_a_default_run_writes_only_its_progress_bar_to_stderr(tmp_path, data_dir):

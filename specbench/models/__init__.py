@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.util
+import io
 import json
 import os
 from pathlib import Path
@@ -78,8 +80,10 @@ def load_gguf(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "cpu"))
     dtype = _dtype(cfg.get("dtype", "float32"), device)
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        # the GGUF reader draws its own tqdm bar, which transformers' switch does not reach
+        with contextlib.redirect_stderr(io.StringIO()):
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     except Exception as e:  # noqa: BLE001 - any parse failure means the file is unusable
         raise SpecBenchError(f"cannot read GGUF model {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     model.to(device)
