@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.util
+import io
 import json
 import os
 from pathlib import Path
@@ -44,6 +46,14 @@ def _offline_env() -> None:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def _quiet_loading() -> None:
+    # transformers' own bars (GGUF de-quantizing, "Loading weights") are noise next to the run's
+    # one progress bar, and stderr is kept for our one-line errors
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def gguf_path(cfg) -> Path:
     if cfg.get("path"):
         p = Path(cfg.path).expanduser()
@@ -65,12 +75,15 @@ def load_gguf(cfg) -> ModelAdapter:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _offline_env()
+    _quiet_loading()
     path = gguf_path(cfg)
     device = _device(cfg.get("device", "cpu"))
     dtype = _dtype(cfg.get("dtype", "float32"), device)
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        # the GGUF reader draws its own tqdm bar, which transformers' switch does not reach
+        with contextlib.redirect_stderr(io.StringIO()):
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     except Exception as e:  # noqa: BLE001 - any parse failure means the file is unusable
         raise SpecBenchError(f"cannot read GGUF model {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     model.to(device)
@@ -89,9 +102,7 @@ def load_hf(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "auto"))
     dtype = _dtype(cfg.get("dtype", "auto"), device)
     kwargs = dict(dtype=dtype, revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # keep stderr for our own one-line errors
+    _quiet_loading()
     if cfg.get("device_map"):
         kwargs["device_map"] = cfg.device_map
     try:
