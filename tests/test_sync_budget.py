@@ -10,7 +10,7 @@ tests/fakecuda.py's `SyncCounter` per decoding step, greedy (Spec-Bench's settin
 - chain drafting: at most one read per drafted token (the draft token, its confidence riding
   along for the controller) plus one per verification;
 - trees and laid-out candidates (Medusa, SPACE): at most two reads per step (the candidates,
-  the verification); EAGLE-2's tree is grown on the host (see docs/gpu.md): one read per level;
+  the verification; EAGLE-2 grows its tree on the device and reads the chosen nodes once);
 - no host-to-device copy and no read inside the layer loop (a decoder layer, the per-layer
   loop, the cache's per-layer compaction).
 
@@ -37,9 +37,6 @@ pytestmark = pytest.mark.fake_cuda
 LAYERS = 4  # test_every_method's configs are for the 4-layer tiny model
 PROMPT = [1, 5, 6, 7, 5, 6, 7, 5]
 NEW = 12
-# EAGLE-2 grows its tree level by level on the host: one read per level (`depth` + 1) plus the
-# verification; a device-side tree search is a redesign (docs/gpu.md)
-TREE_BUDGET = {"eagle": lambda m: m.depth + 2}
 EXTERNAL = [m for m in sorted(METHODS) if METHODS[m].external_loop]  # transformers' loop: not ours to count
 CASES = [(m, c) for m, c in every.CASES if m not in EXTERNAL]
 _REPORT: dict = {}
@@ -75,8 +72,6 @@ def count(method: str, controller: str | None, sampling=SamplingConfig()):
 def budget(m, drafted: int) -> int:
     if not isinstance(m, SpeculativeMethod):
         return 1
-    if m.name in TREE_BUDGET:
-        return TREE_BUDGET[m.name](m)
     return 1 + drafted if m.uses_controller else 2
 
 
