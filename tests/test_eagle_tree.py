@@ -80,7 +80,7 @@ def test_rerank_ties_and_ancestor_rule_on_random_scores():
 def test_rerank_is_a_tree_with_best_scores():
     cand = DraftTree()
     a, b = cand.add(10, -1, 0, -0.1), cand.add(11, -1, 1, -2.0)
-    c, d = cand.add(12, a, 0, -0.3), cand.add(13, a, 1, -0.3)  # a tie: both or the first
+    c, _ = cand.add(12, a, 0, -0.3), cand.add(13, a, 1, -0.3)  # a tie: both or the first
     cand.add(14, c, 0, -0.3)  # ties its parent: the shallower one goes first
     cand.add(15, b, 0, -2.5)
     tree, nodes = read_tree(grown_from(cand), select_nodes(grown_from(cand), 4), 7)
