@@ -184,8 +184,10 @@ def report(args) -> list[str]:
     if not args.no_tests:
         code, summary, counts = sync_budget()
         out += ["## Host syncs per decoding step (counted on fake CUDA tensors)", "",
-                "tests/test_sync_budget.py, the tiny model, greedy: what the code makes a GPU wait for, "
-                "whatever the GPU (docs/gpu.md has the budget).", "", *budget_table(counts), "",
+                "tests/test_sync_budget.py, the tiny model, greedy and (rows marked so) sampling at T=0.7, "
+                "top_p=0.9: what the code makes a GPU wait for, whatever the GPU (docs/gpu.md has the budget). "
+                "Fake tensors have no values, so each case follows one path: under sampling a tree's "
+                "rejection walk stops at its root here.", "", *budget_table(counts), "",
                 f"Budget test: {'passed' if code == 0 else 'FAILED'}: `{summary}`", ""]
         if gpu:
             code, summary = pytest_run(["-m", "fake_cuda or cuda", "tests"])

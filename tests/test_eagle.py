@@ -13,7 +13,6 @@ from omegaconf import OmegaConf
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
-from specbench.methods.eagle import DraftTree
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.train.eagle import eagle_loss, soft_cross_entropy, train_eagle
 from specbench.train.trainers import TRAINERS
@@ -36,36 +35,36 @@ def oracle(m, ref, seed=0, miss=0.15, second=0.4):
     score at rank 0 (or rank 1, behind a wrong one), sometimes none. The head still runs (its
     cache, masks and features are exercised); only the proposed tokens and scores change."""
     rng = random.Random(seed)
-    real = m.expand
+    real = m.children
 
-    def expand(cand, parent, feats, base):
-        new = real(cand, parent, feats, base)
-        for p in dict.fromkeys(parent):
-            kids = [c for c in new if cand.parents[c] == p]
-            chain = chain_tokens(cand, p)
-            i = len(m.tokens) + len(chain)  # index in ref of these children's token
-            on_path = ref[len(m.tokens): i] == chain and i < len(ref)
+    def children(tree, parents, logits, parent_scores, top_k):
+        scores, tokens = (x.clone() for x in real(tree, parents, logits, parent_scores, top_k))
+        for i, p in enumerate(parents.tolist()):
+            chain = chain_tokens(tree, p)
+            j = len(m.tokens) + len(chain)  # index in ref of these children's token
+            on_path = ref[len(m.tokens): j] == chain and j < len(ref)
             if not on_path or rng.random() < miss:
                 continue
-            good = ref[i]
-            r = 1 if len(kids) > 1 and rng.random() < second else 0
+            good = ref[j]
+            r = 1 if top_k > 1 and rng.random() < second else 0
             others = [x for x in range(50, 60) if x != good]
-            top = 0.0 if p < 0 else cand.scores[p]
-            for j, c in enumerate(kids):
-                cand.tokens[c] = good if j == r else others[j]
+            top = 0.0 if p < 0 else float(tree.scores[p])
+            for c in range(top_k):
+                tokens[i, c] = good if c == r else others[c]
                 # a wrong rank-0 sibling outscores the right rank-1 one
-                cand.scores[c] = top + (math.log(0.3) if j == r else math.log(0.6) if j < r else math.log(0.02) - j)
-        return new
+                scores[i, c] = top + (math.log(0.3) if c == r else math.log(0.6) if c < r else math.log(0.02) - c)
+        return scores, tokens
 
-    m.expand = expand
+    m.children = children
     return m
 
 
-def chain_tokens(cand, p):
-    chain = []
+def chain_tokens(tree, p):
+    """The tokens from the root's child down to candidate p of a GrownTree (p = -1: none)."""
+    parents, tokens, chain = tree.parents.tolist(), tree.tokens.tolist(), []
     while p >= 0:
-        chain.append(cand.tokens[p])
-        p = cand.parents[p]
+        chain.append(tokens[p])
+        p = parents[p]
     return chain[::-1]
 
 
@@ -73,18 +72,17 @@ def target_topk(m, target):
     """Children = the target's own top-k tokens at the node (exact forward over the node's
     prefix): still a deterministic function of the context, as EAGLE-2's draft is, and accepted
     often, through first and later children and at depth."""
-    real = m.expand
+    real = m.children
 
-    def expand(cand, parent, feats, base):
-        new = real(cand, parent, feats, base)
-        for p in dict.fromkeys(parent):
-            kids = [c for c in new if cand.parents[c] == p]
-            logits, _ = target.forward(m.tokens + chain_tokens(cand, p), target.new_cache(), last_only=True)
-            for c, tok in zip(kids, torch.topk(logits[-1], len(kids)).indices.tolist()):
-                cand.tokens[c] = tok
-        return new
+    def children(tree, parents, logits, parent_scores, top_k):
+        scores, tokens = real(tree, parents, logits, parent_scores, top_k)
+        tokens = tokens.clone()
+        for i, p in enumerate(parents.tolist()):
+            logits, _ = target.forward(m.tokens + chain_tokens(tree, p), target.new_cache(), last_only=True)
+            tokens[i] = torch.topk(logits[-1], top_k).indices
+        return scores, tokens
 
-    m.expand = expand
+    m.children = children
     return m
 
 
@@ -115,17 +113,6 @@ def test_oracle_accepts_deep_paths_through_second_ranks():
     g = m.generate(prompt, 40, frozenset(), 0)
     assert g.tokens == full
     assert max(s.accepted for s in g.steps) >= 4 and sum(s.accepted for s in g.steps) >= 20
-
-
-def test_rerank_is_a_tree_with_best_scores():
-    cand = DraftTree()
-    a, b = cand.add(10, -1, 0, -0.1), cand.add(11, -1, 1, -2.0)
-    c, d = cand.add(12, a, 0, -0.3), cand.add(13, a, 1, -0.3)  # a tie: both or the first
-    cand.add(14, c, 0, -0.3)  # ties its parent: the shallower one goes first
-    cand.add(15, b, 0, -2.5)
-    tree, nodes = cand.rerank(7, 4)
-    assert nodes[0] == 7 and sorted(nodes[1:]) == [10, 12, 13, 14]
-    assert tree.paths == [(), (0,), (0, 0), (0, 1), (0, 0, 0)]
 
 
 def test_tree_rejection_sampling_is_lossless_end_to_end():
@@ -283,14 +270,20 @@ def test_tree_node_features_equal_their_own_chain():
     m = eagle(target, top_k=3, depth=3, num_nodes=10)
     m.start([0, 17, 99, 42, 7])
     feats0, toks0 = m.backlog
-    seen = []
-    real = m.expand
+    outs, seen = [], []
+    real_step, real_children = m.tree_step, m.children
 
-    def expand(cand, parent, feats, base):
-        seen.extend((p, feats[i].clone(), chain_tokens(cand, p)) for i, p in enumerate(parent) if p >= 0)
-        return real(cand, parent, feats, base)
+    def tree_step(*args):
+        logits, out = real_step(*args)
+        outs.append(out.clone())
+        return logits, out
 
-    m.expand = expand
+    def children(tree, parents, logits, parent_scores, top_k):  # called right after tree_step, same rows
+        if parents.min() >= 0:
+            seen.extend((p, outs[-1][i], chain_tokens(tree, p)) for i, p in enumerate(parents.tolist()))
+        return real_children(tree, parents, logits, parent_scores, top_k)
+
+    m.tree_step, m.children = tree_step, children
     m.draft_tree()
     assert len(seen) == 9  # three frontiers of three
     for _, feat, chain in seen:

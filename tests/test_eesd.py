@@ -171,6 +171,9 @@ class _Recorder:
         self.rounds[-1]["infos"].append(info)
         return True
 
+    def on_device(self, i, draft_hidden, target_hidden):
+        return None  # nothing to read with the draft token
+
     def update(self, n_drafted, n_accepted):
         self.rounds[-1]["accepted"] = n_accepted
 

@@ -4,18 +4,29 @@ On a GPU each device-to-host read inside a decoding step drains the launch queue
 while Python launches the next kernels), and each host-to-device copy inside the layer loop is a
 transfer per layer. A method that syncs more than it must runs slower on a GPU for reasons that
 have nothing to do with the method, so the harness would rank methods wrongly there. Counted by
-tests/fakecuda.py's `SyncCounter` per decoding step, greedy (Spec-Bench's setting):
+tests/fakecuda.py's `SyncCounter` per decoding step, greedy (Spec-Bench's setting) and sampling
+(T = 0.7, top_p = 0.9):
 
-- AR: one read per token (the next token);
-- chain drafting: at most one read per drafted token (the draft token, its confidence riding
-  along for the controller) plus one per verification;
-- trees and laid-out candidates (Medusa, SPACE): at most two reads per step (the candidates,
-  the verification); EAGLE-2's tree is grown on the host (see docs/gpu.md): one read per level;
+- AR: one read per token (the next token; under sampling the row sampled from);
+- chain drafting, any controller: at most one read per drafted token (the draft token with its
+  confidence and, for Cali-TS with a trained predictor, the predicted acceptance; under sampling
+  the draft row, with both) plus one per verification (greedy: the target's choices; sampling:
+  the first rejection and the row to sample from, chosen on the device, in one copy);
+- trees and laid-out candidates (Medusa, EAGLE-2, SPACE, Lookahead, Token Recycling, REST,
+  SuffixDecoding): at most two reads per step (the candidates, the verification). Under sampling
+  a tree's rejection walk (engine/tree.py verify_tree_sampling) reads one node distribution per
+  depth it visits, accepted + 1, counted as such: which node comes next depends on the draw at the
+  node before, made by the seeded generator on the host; a device-side walk would change the
+  seeded streams, not done. Medusa's typical acceptance reads every node's test in one copy: 2;
 - no host-to-device copy and no read inside the layer loop (a decoder layer, the per-layer
   loop, the cache's per-layer compaction).
 
-Cases come from the registries, as in tests/test_every_method.py. `SPECBENCH_SYNC_REPORT=path`
-writes the counts as JSON (python -m specbench.doctor reports them).
+Fake tensors have no values: reads return fixed dummies, so each case follows one path (a tree's
+sampling walk stops at the root there; the accepted + 1 rule is read from the code, not seen).
+
+Cases come from the registries, as in tests/test_every_method.py, plus EESD with Cali-TS holding a
+trained-format predictor (the untrained case has none) and Medusa's typical acceptance.
+`SPECBENCH_SYNC_REPORT=path` writes the counts as JSON (python -m specbench.doctor reports them).
 """
 
 from __future__ import annotations
@@ -28,7 +39,9 @@ import pytest
 import test_every_method as every
 from fakecuda import fake_cuda, fake_tiny_llama
 from helpers import build
+from omegaconf import OmegaConf
 
+from specbench.control.cali_ts import CaliPredictor
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods.base import METHODS, SpeculativeMethod
 
@@ -37,22 +50,35 @@ pytestmark = pytest.mark.fake_cuda
 LAYERS = 4  # test_every_method's configs are for the 4-layer tiny model
 PROMPT = [1, 5, 6, 7, 5, 6, 7, 5]
 NEW = 12
-# EAGLE-2 grows its tree level by level on the host: one read per level (`depth` + 1) plus the
-# verification; a device-side tree search is a redesign (docs/gpu.md)
-TREE_BUDGET = {"eagle": lambda m: m.depth + 2, "eagle3": lambda m: m.depth + 2}
+GREEDY, SAMPLING = SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9)
+PREDICTOR = "cali_ts+predictor"  # Cali-TS with a predictor of the trained format (fresh weights)
 EXTERNAL = [m for m in sorted(METHODS) if METHODS[m].external_loop]  # transformers' loop: not ours to count
-CASES = [(m, c) for m, c in every.CASES if m not in EXTERNAL]
+CASES = [(m, c, None) for m, c in every.CASES if m not in EXTERNAL]
+CASES += [("eesd", PREDICTOR, None), ("medusa", None, {"acceptance": "typical"})]
 _REPORT: dict = {}
 
 
-def count(method: str, controller: str | None, sampling=SamplingConfig()):
-    """(per-step rows, prefill events): each row = (kind of step, drafted, d2h, h2d, in-layer events)."""
+def case_name(method, controller, overrides, sampling) -> str:
+    name = "-".join([method] + ([controller] if controller else []) + [f"{k}={v}" for k, v in (overrides or {}).items()])
+    return name + (" (sampling)" if not sampling.greedy else "")
+
+
+def controller_config(controller: str | None, t):
+    if controller == PREDICTOR:
+        return every.control_config("cali_ts") | {"predictor": CaliPredictor(t.hidden_size).to(t.device)}
+    return every.control_config(controller) if controller else None
+
+
+def count(method: str, controller: str | None, sampling=GREEDY, overrides=None):
+    """(method, per-step rows, prefill events): each row = (drafted, accepted, d2h, h2d,
+    in-layer events, whether the step verified a tree, where its reads came from)."""
     with fake_cuda(bool_value=True) as mode:
         t = fake_tiny_llama(num_layers=LAYERS)
-        ctrl = every.control_config(controller) if controller else None
-        m = build(method, t, every.method_config(method), sampling, ctrl)
-        counter, steps = mode.counter, []
+        cfg = OmegaConf.merge(every.method_config(method), overrides or {})
+        m = build(method, t, cfg, sampling, controller_config(controller, t))
+        counter, steps, trees = mode.counter, [], set()
         start, step = m.start, m.step
+        draft = getattr(m, "draft_candidates", None)
 
         def counted_start(prompt):
             counter.step = "prefill"
@@ -64,39 +90,53 @@ def count(method: str, controller: str | None, sampling=SamplingConfig()):
             steps.append(r)
             return r
 
+        def counted_draft(k_max):
+            prop = draft(k_max)
+            if prop.tree is not None:
+                trees.add(counter.step)
+            return prop
+
         m.start, m.step = counted_start, counted_step
+        if draft is not None:
+            m.draft_candidates = counted_draft
         m.generate(PROMPT, NEW, frozenset(), 0)
     ev = counter.events
-    rows = [(s.n_drafted, counter.count("d2h", i), counter.count("h2d", i), [e for e in ev if e.step == i and e.in_layer])
-            for i, s in enumerate(steps)]
+    rows = [(s.n_drafted, s.n_accepted, counter.count("d2h", i), counter.count("h2d", i),
+             [e for e in ev if e.step == i and e.in_layer], i in trees,
+             where(e for e in ev if e.step == i and e.kind == "d2h")) for i, s in enumerate(steps)]
     return m, rows, [e for e in ev if e.step == "prefill"]
 
 
-def budget(m, drafted: int) -> int:
+def budget(m, row, sampling: SamplingConfig) -> int:
+    drafted, accepted, tree = row[0], row[1], row[5]
     if not isinstance(m, SpeculativeMethod):
         return 1
-    if m.name in TREE_BUDGET:
-        return TREE_BUDGET[m.name](m)
-    return 1 + drafted if m.uses_controller else 2
+    if m.uses_controller:
+        return 1 + drafted
+    walk = tree and not sampling.greedy and m.verifier.acceptance != "typical"
+    return 2 + accepted if walk else 2  # a tree's rejection walk: one distribution per visited node
 
 
 def where(events) -> dict:
     return dict(Counter(f"{e.kind} {e.what} {e.where}" for e in events))
 
 
-@pytest.mark.parametrize("method, controller", CASES, ids=[f"{m}-{c}" if c else m for m, c in CASES])
-def test_greedy_step_within_budget(method, controller):
-    m, rows, prefill = count(method, controller)
-    d2h = [r[1] for r in rows]
-    _REPORT[f"{method}-{controller}" if controller else method] = {
-        "steps": len(rows), "drafted": [r[0] for r in rows], "d2h": d2h, "h2d": [r[2] for r in rows],
-        "budget": [budget(m, r[0]) for r in rows],
-        "prefill_d2h": sum(e.kind == "d2h" for e in prefill), "in_layer": sum(len(r[3]) for r in rows)}
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("method, controller, overrides", CASES, ids=[case_name(*c, GREEDY) for c in CASES])
+def test_step_within_budget(method, controller, overrides, sampling):
+    m, rows, prefill = count(method, controller, sampling, overrides)
+    if controller == PREDICTOR:
+        assert m.controller.predictor is not None and m.controller.needs_hidden
+    d2h = [r[2] for r in rows]
+    _REPORT[case_name(method, controller, overrides, sampling)] = {
+        "steps": len(rows), "drafted": [r[0] for r in rows], "d2h": d2h, "h2d": [r[3] for r in rows],
+        "budget": [budget(m, r, sampling) for r in rows],
+        "prefill_d2h": sum(e.kind == "d2h" for e in prefill), "in_layer": sum(len(r[4]) for r in rows)}
     assert rows, "no decoding step ran"
-    in_layer = [e for r in rows for e in r[3]] + [e for e in prefill if e.in_layer]
+    in_layer = [e for r in rows for e in r[4]] + [e for e in prefill if e.in_layer]
     assert not in_layer, f"syncs or copies inside the layer loop: {where(in_layer)}"
-    over = [(i, r[1], budget(m, r[0])) for i, r in enumerate(rows) if r[1] > budget(m, r[0])]
-    assert not over, f"{method}: (step, reads, budget) over budget: {over}"
+    over = [(i, r[2], budget(m, r, sampling), r[6]) for i, r in enumerate(rows) if r[2] > budget(m, r, sampling)]
+    assert not over, f"{method}: (step, reads, budget, where) over budget: {over}"
 
 
 def test_counter_sees_what_it_must():

@@ -31,6 +31,7 @@ class DraftInfo:
     confidence: float = 1.0  # probability the draft gave its own token (max prob under greedy)
     draft_hidden: torch.Tensor | None = None  # draft model's last hidden state at this token, [d]
     target_hidden: torch.Tensor | None = None  # target's last hidden state at the last verified token, [d]
+    signal: float | None = None  # the value of the controller's `on_device` tensor for this token
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ class Controller:
     def keep_drafting(self, info: DraftInfo) -> bool:
         """After the info.i-th draft token: draft another one?"""
         raise NotImplementedError
+
+    def on_device(self, i: int, draft_hidden: torch.Tensor | None, target_hidden: torch.Tensor | None):
+        """A one-element device tensor the controller needs for the i-th draft token, or None. The
+        draft loop reads it in the same copy as the draft token (on a GPU a separate read per token
+        would be one more wait per token) and hands its value over as `DraftInfo.signal`."""
+        return None
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
         """After verification: n_accepted of n_drafted draft tokens were accepted."""

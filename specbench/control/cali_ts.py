@@ -208,16 +208,23 @@ class CaliTS(Controller):
         den = self.n * sm2 + ss2
         return (ss2 * theta_m + self.n * sm2 * self.theta_hat) / den, sm2 * ss2 / den
 
-    def _predict(self, info: DraftInfo) -> float:
-        if info.target_hidden is None or info.draft_hidden is None:
+    def on_device(self, i: int, draft_hidden, target_hidden):
+        """theta_M on the device (read with the draft token: no wait of its own); None: no predictor."""
+        if self.predictor is None:
+            return None
+        if target_hidden is None or draft_hidden is None:
             raise SpecBenchError("cali_ts with a predictor needs hidden states, but the method passed none")
-        with torch.no_grad():
-            p = self.predictor(info.target_hidden.reshape(1, -1), info.draft_hidden.reshape(1, -1),
-                               torch.tensor([info.i]))
-        return float(p.item())
+        with torch.no_grad():  # i as a device fill: a host tensor would be a copy per token
+            pos = torch.full((1,), i, dtype=torch.long, device=draft_hidden.device)
+            return self.predictor(target_hidden.reshape(1, -1), draft_hidden.reshape(1, -1), pos)
 
     def keep_drafting(self, info: DraftInfo) -> bool:
-        self.theta_m = self._predict(info) if self.predictor is not None else self.theta0
+        if self.predictor is None:
+            self.theta_m = self.theta0
+        elif info.signal is not None:
+            self.theta_m = info.signal
+        else:  # a caller that did not read on_device's value with its draft token
+            self.theta_m = float(self.on_device(info.i, info.draft_hidden, info.target_hidden).item())
         self.mu, self.sigma2 = self.posterior(self.theta_m)
         z = torch.randn((), dtype=torch.float64, generator=self.rng).item()
         self.theta = min(1.0, max(0.0, self.mu + math.sqrt(self.sigma2) * z))

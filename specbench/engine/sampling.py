@@ -106,19 +106,24 @@ def verify_sampling(
     """Rejection sampling. draft_probs: [k, V] processed draft distributions, or None for a
     deterministic draft (one-hot q).
 
-    The math stays on the model's device in float32 (float64 for a float64 model); only the k
-    accept decisions and the one row to sample from go to the host, where the generator is."""
+    The math stays on the model's device in float32 (float64 for a float64 model): the accept
+    tests, the first rejection n and the row to sample from (the residual at n, or p[k] when all
+    pass) are chosen there, and that row comes to the host, where the generator is, in the same
+    copy as n: one read per verification (on a GPU each read drains the launch queue)."""
     if cfg.greedy:
         return verify_greedy(target_logits, draft)
     p = probs(target_logits, cfg)
     k = len(draft)
     if not k:
         return 0, sample(p[0], generator)
-    q = draft_probs.to(p) if draft_probs is not None else None
+    drafted = torch.tensor(draft, device=p.device)
+    q = draft_probs.to(p) if draft_probs is not None else torch.nn.functional.one_hot(drafted, p.shape[-1]).to(p)
     u = torch.rand(k, generator=generator, dtype=p.dtype)  # on the host: the generator's device
-    p_x, q_x = draft_token_probs(p[:k], q, torch.tensor(draft, device=p.device))
-    ok = accept_tests(p_x, q_x, u.to(p.device)).tolist()
-    n = ok.index(False) if False in ok else k
-    if n == k:
-        return k, sample(p[k], generator)
-    return n, sample(residual(p[n], q[n] if q is not None else one_hot(draft[n], p[n])), generator)
+    p_x, q_x = draft_token_probs(p[:k], q, drafted)
+    ok = accept_tests(p_x, q_x, u.to(p.device))
+    n = ok.long().cumprod(0).sum().view(1)  # the first rejected position; k when every test passes
+    # (a 1-element index: indexing with a 0-dim tensor reads it to the host first)
+    q_n = torch.cat([q, torch.zeros_like(p[:1])])[n]
+    row = torch.where(n.view(1, 1) == k, p[n], residual(p[n], q_n))[0]  # p[k] itself when all passed
+    host = torch.cat([row, n.to(row.dtype)]).cpu()  # float32 holds any n <= k exactly
+    return int(host[-1]), sample(host[:-1], generator)

@@ -193,12 +193,16 @@ def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.T
     p = torch.softmax(logits.double() / temperature, -1)
     ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
     thresh = torch.minimum(torch.full_like(ent, float(epsilon)), float(delta) * torch.exp(-ent))
-    ok = [False] * len(tree)
-    ok[0] = True
+    # every node's test and every node's argmax on the device, read in one copy (a read per node
+    # would be a wait per node on a GPU); the parents' chain is walked on the host
+    par = torch.tensor(tree.parents[1:], dtype=torch.long, device=p.device)
+    passed = p[par, torch.tensor(node_tokens[1:], dtype=torch.long, device=p.device)] > thresh[par]
+    got = torch.cat([passed.long(), logits.argmax(-1)]).tolist()
+    typical, choice = got[: len(tree) - 1], got[len(tree) - 1 :]
+    ok = [True] + [False] * (len(tree) - 1)
     best = [0]
     for i in range(1, len(tree)):
-        par = tree.parents[i]
-        ok[i] = ok[par] and bool(p[par, node_tokens[i]] > thresh[par])
+        ok[i] = ok[tree.parents[i]] and bool(typical[i - 1])
     for leaf_path in tree.retrieve:
         acc = []
         for j in leaf_path:
@@ -207,7 +211,7 @@ def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.T
             acc.append(j)
         if len(acc) > len(best):
             best = acc
-    return best, int(logits[best[-1]].argmax())
+    return best, choice[best[-1]]
 
 
 # -- SPACE -----------------------------------------------------------------------------------

@@ -260,31 +260,38 @@ class SpeculativeMethod(ARMethod):
         self.controller.begin_round()
         while len(drafts) < k_max:
             logits, hidden = next_draft(drafts)
-            tok, conf, q = self.draft_choice(logits)
+            signal = self.controller.on_device(len(drafts) + 1, hidden, self.target_hidden)
+            tok, conf, q, value = self.draft_choice(logits, signal)
             if q is not None:
                 q_rows.append(q)
             drafts.append(tok)
             # a timer phase, not a wait: on CUDA it records events (engine/timer.py)
             with self.timer.phase("control"):
-                info = DraftInfo(len(drafts), conf, hidden, self.target_hidden)
+                info = DraftInfo(len(drafts), conf, hidden, self.target_hidden, value)
                 if not self.controller.keep_drafting(info):
                     break
         return Proposal(drafts, torch.stack(q_rows) if q_rows else None)
 
-    def draft_choice(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
-        """(draft token, confidence, its processed distribution q or None under greedy) from
-        draft logits [V], with one device-to-host read: the token and the confidence (the max
-        draft probability, Self-SD's draft-exit rule, its Algorithm 4) come back together."""
+    def draft_choice(self, logits: torch.Tensor, signal: torch.Tensor | None = None):
+        """(draft token, confidence, its processed distribution q or None under greedy, the value
+        of `signal` or None) from draft logits [V], with one device-to-host read: the token, the
+        confidence (the max draft probability, Self-SD's draft-exit rule, its Algorithm 4) and the
+        controller's device-side signal (Cali-TS's predicted acceptance) come back together."""
         conf_probs = torch.softmax(logits.float(), -1)
+        extra = [] if signal is None else [signal.reshape(1)]
         if self.sampling.greedy:
             best, arg = conf_probs.max(-1)
-            tok, conf = torch.stack([arg.to(torch.float64), best.to(torch.float64)]).tolist()
-            return int(tok), conf, None  # float64 holds any vocabulary index and the float32 max exactly
+            # float64 holds any vocabulary index and the float32 max exactly
+            got = torch.cat([arg.to(torch.float64).view(1), best.to(torch.float64).view(1)]
+                            + [e.to(torch.float64) for e in extra]).tolist()
+            return int(got[0]), got[1], None, got[2] if extra else None
         q = probs(logits, self.sampling)
         if not q.is_cuda:
-            return sample(q, self.gen), float(conf_probs.max()), q
-        host = torch.stack([q, conf_probs.to(q.dtype)]).cpu()  # the sampled row and the confidence: one copy
-        return sample(host[0], self.gen), float(host[1].max()), q
+            return sample(q, self.gen), float(conf_probs.max()), q, float(signal) if extra else None
+        # the sampled row, the confidence and the signal: one copy
+        host = torch.cat([q, conf_probs.max().to(q.dtype).view(1)] + [e.to(q.dtype) for e in extra]).cpu()
+        v = q.shape[-1]
+        return sample(host[:v], self.gen), float(host[v]), q, float(host[v + 1]) if extra else None
 
 
 METHODS: dict[str, type[Method]] = {"ar": ARMethod}

@@ -12,6 +12,9 @@ One step, with x_n the pending token (chosen by the target, not yet fed to it):
    the path = log of their product); the k best children form the next frontier. Rerank: the
    `num_nodes` best-scored nodes of everything proposed are verified. A child never outscores
    its parent (log p <= 0) and ties go to the shallower node, so the selection is a tree.
+   All of it runs on the device with fixed shapes (methods/eagle_tree.py, head-agnostic); the
+   chosen nodes come to the host in one read per step (on a GPU a read per level would drain
+   the launch queue once per level).
 3. The decode loop (methods/base.py) verifies root + nodes in one target forward with the tree
    mask; greedy or lossless tree rejection sampling picks the accepted path and the loop keeps
    that path's cache entries; the path's target features (computed by this forward) are the pairs
@@ -33,8 +36,6 @@ model must charge T(num_nodes + 1) per step, not T(depth + 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from specbench.engine.cache import KVCache
@@ -43,45 +44,7 @@ from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.eagle_head import load_eagle
-
-
-@dataclass
-class DraftTree:
-    """Candidates proposed while growing the tree (root excluded)."""
-
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)  # candidate index, -1 = root
-    ranks: list[int] = field(default_factory=list)  # rank among the parent's top-k (unique per parent)
-    scores: list[float] = field(default_factory=list)  # accumulated log draft probability
-    depths: list[int] = field(default_factory=list)
-
-    def add(self, token: int, parent: int, rank: int, score: float) -> int:
-        self.tokens.append(int(token))
-        self.parents.append(parent)
-        self.ranks.append(rank)
-        self.scores.append(float(score))
-        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
-        return len(self.tokens) - 1
-
-    def path(self, c: int) -> tuple[int, ...]:
-        out = []
-        while c >= 0:
-            out.append(self.ranks[c])
-            c = self.parents[c]
-        return tuple(reversed(out))
-
-    def rerank(self, root: int, n: int) -> tuple[TokenTree, list[int]]:
-        """The n best candidates as a TokenTree and its node tokens (root first)."""
-        order = sorted(range(len(self.tokens)), key=lambda c: (-self.scores[c], self.depths[c], c))
-        chosen: set[int] = set()
-        for c in order:
-            if len(chosen) == n:
-                break
-            if self.parents[c] < 0 or self.parents[c] in chosen:  # keep it a tree even under odd ties
-                chosen.add(c)
-        token_of = {self.path(c): self.tokens[c] for c in chosen}
-        tree = TokenTree.from_paths(list(token_of))
-        return tree, [root] + [token_of[p] for p in tree.paths[1:]]
+from specbench.methods.eagle_tree import grow_tree, read_tree, select_nodes, topk_children
 
 
 @register_method
@@ -89,6 +52,7 @@ class Eagle(SpeculativeMethod):
     name = "eagle"
     uses_controller = False
     load_head = staticmethod(load_eagle)  # (target, cfg) -> (head, info); EAGLE-3 brings its own head
+    children = staticmethod(topk_children)  # how a frontier row proposes its children (eagle_tree.py)
 
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
@@ -140,43 +104,16 @@ class Eagle(SpeculativeMethod):
         out = self.head(feats.unsqueeze(0), toks, self.dcache)
         return out[0, -1]
 
-    def expand(self, cand: DraftTree, parent: list[int], feats: torch.Tensor, base: float | torch.Tensor):
-        """Score the top-k children of each row of `feats` (predicted features of `parent`)."""
-        logp = torch.log_softmax(self.head.logits(feats).float(), -1)
-        top = torch.topk(logp, self.top_k, -1)
-        # scores and token ids in one read (float64 holds both exactly): one wait per level on a GPU
-        cu, ids = torch.stack([(top.values + base).double(), top.indices.double()]).tolist()
-        return [cand.add(int(ids[i][r]), p, r, cu[i][r]) for i, p in enumerate(parent) for r in range(self.top_k)]
+    def tree_step(self, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        """One frontier through the head (eagle_tree.Step): its draft logits and predicted features."""
+        out = self.head(feats.unsqueeze(0), tokens, self.dcache, positions=positions, tree_mask=mask)[0]
+        return self.head.logits(out), out
 
     def draft_tree(self) -> tuple[TokenTree, list[int]]:
+        """Grow the tree on the device, rerank, read the chosen nodes once (eagle_tree.py)."""
         root_feat = self.catch_up()
         base = self.dcache.length()  # = position of the pending token; node at depth d sits at base + d - 1
-        cand = DraftTree()
-        frontier = self.expand(cand, [-1], root_feat.unsqueeze(0), 0.0)
-        feat_of = {-1: root_feat}
-        slot: dict[int, int] = {}  # candidate -> index among the head's cached tree entries
-        for _ in range(self.depth):
-            frontier = sorted(frontier, key=lambda c: -cand.scores[c])[: self.top_k]
-            mask = self.frontier_mask(cand, frontier, slot)
-            feats = torch.stack([feat_of[cand.parents[c]] for c in frontier]).unsqueeze(0)
-            pos = torch.full((len(frontier),), base + cand.depths[frontier[0]] - 1, device=feats.device)
-            out = self.head(feats, [cand.tokens[c] for c in frontier], self.dcache, positions=pos, tree_mask=mask)[0]
-            for i, c in enumerate(frontier):
-                slot[c] = len(slot)
-                feat_of[c] = out[i]
-            scores = torch.tensor([cand.scores[c] for c in frontier], dtype=torch.float32, device=out.device)
-            frontier = self.expand(cand, frontier, out, scores.unsqueeze(-1))
-        self.dcache.crop(base)
-        return cand.rerank(self.tokens[-1], self.num_nodes)
-
-    def frontier_mask(self, cand: DraftTree, frontier: list[int], slot: dict[int, int]) -> torch.Tensor:
-        """[q, cached tree entries + q]: each frontier node sees its cached ancestors and itself."""
-        q, m = len(frontier), len(slot)
-        mask = torch.zeros(q, m + q, dtype=torch.bool)  # built on the host, copied once (not a fill per entry)
-        for i, c in enumerate(frontier):
-            mask[i, m + i] = True
-            a = cand.parents[c]
-            while a >= 0:
-                mask[i, slot[a]] = True
-                a = cand.parents[a]
-        return mask.to(self.target.device)
+        grown = grow_tree(self.tree_step, self.head.logits(root_feat.unsqueeze(0))[0], root_feat, base, self.top_k,
+                          self.depth, self.children)
+        self.dcache.crop(base)  # the head's tree entries: the next step reads real target features
+        return read_tree(grown, select_nodes(grown, self.num_nodes), self.tokens[-1])
