@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.metrics.acceptance import position_rates
 from specbench.rundir import _record
@@ -68,7 +70,7 @@ def run_summary(run: Path) -> tuple[dict, str] | None:
     records = [r for r in map(_record, lines) if r is not None]
     if not records:
         return None
-    want = json.loads((run / "config.json").read_text())["task"]["num_samples"]
+    want = OmegaConf.load(run / "config.yaml").task.num_samples  # config.json (the fingerprint) leaves it out
     return aggregate(records, None), f" (partial: {len(records)} of {want} samples)"
 
 
