@@ -8,9 +8,9 @@ import hydra
 from omegaconf import DictConfig
 
 from specbench.config import CONF_DIR, fail, precheck
-from specbench.engines import engine_argv
 from specbench.errors import SpecBenchError
 from specbench.help import main_help, wants_help
+from specbench.vllm_engine.hooks import engine_argv
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench import modelinfo, schema
-from specbench.engines import VLLM_METHOD_DIR, engine_rules, method_options
 from specbench.errors import SpecBenchError
 from specbench.rundir import check_run_dir
+from specbench.vllm_engine.hooks import engine_rules, method_configs, method_options
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("method", "task", "model", "control", "experiment", "engine")
@@ -42,8 +42,7 @@ def register_paper_control_fallbacks(conf_dir: Path = CONF_DIR) -> list[str]:
     Hydra's config store as PAPER_CONTROL_FALLBACK (a file, where there is one, is found first).
     Runs when this module is imported, which every entry point does before composing."""
     store = ConfigStore.instance()
-    methods = [p.stem for p in (conf_dir / "method").glob("*.yaml")]
-    methods += [f"{VLLM_METHOD_DIR}/{p.stem}" for p in (conf_dir / "method" / VLLM_METHOD_DIR).glob("*.yaml")]
+    methods = [p.stem for p in (conf_dir / "method").glob("*.yaml")] + method_configs(conf_dir)
     missing = sorted(m for m in methods if not (conf_dir / "control" / "paper" / f"{m}.yaml").is_file())
     for name in missing:
         group, _, leaf = f"control/paper/{name}".rpartition("/")
@@ -67,7 +66,7 @@ def one_line(e: BaseException, lines: int = 2) -> str:
 
 def check_choices(argv: list[str]) -> None:
     """Reject unknown group choices before Hydra does (its message spans many lines); argv as
-    engines.engine_argv rewrote it."""
+    vllm_engine.hooks.engine_argv rewrote it."""
     for arg in argv:
         if arg.startswith("~"):
             # the code reads every shipped key: a removed one would fail late, or fall back to a default elsewhere
@@ -139,7 +138,7 @@ def combinations(argv: list[str]) -> list[list[str]] | None:
 
 
 def precheck(argv: list[str]) -> None:
-    """Compose and validate every job of `argv` (as engines.engine_argv rewrote it); one line and
+    """Compose and validate every job of `argv` (as vllm_engine.hooks.engine_argv rewrote it); one line and
     exit 2 on the first bad one."""
     check_choices(argv)
     try:

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecBenchError
 from specbench.provenance import describe_change
+from specbench.vllm_engine.hooks import RUN_FILES as ENGINE_FILES, fingerprint_engine
 
 # config keys that may differ between a run and its resumption
 RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
@@ -56,16 +57,13 @@ def fingerprint(cfg: DictConfig) -> dict:
     c.pop("run_dir", None)
     if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
         c.pop("timing")
-    if c.get("engine") == {"name": "native"}:  # likewise: runs before engines existed were native
-        c.pop("engine")
-    if isinstance(c.get("engine"), dict):  # engine=vllm: one record per batch size, so more sizes extend a run
-        c["engine"].pop("batch_sizes", None)
+    fingerprint_engine(c)
     return c
 
 
 # the files a run dir holds (a directory holding only these, or our config.json, is a run)
 RUN_FILES = {LOCK, "config.json", "config.yaml", "samples.jsonl", "summary.json", "forward_costs.json", "profile.json",
-             "worker.log"}  # worker.log: engine=vllm's worker output
+             *ENGINE_FILES}
 
 
 def config_hash(cfg: DictConfig, exclude=()) -> str:
