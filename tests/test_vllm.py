@@ -6,6 +6,7 @@ The real run skips, saying why, when the vLLM environment is absent (`make vllm-
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +23,7 @@ from specbench.rundir import config_hash
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+REQUIRED = os.environ.get("SPECBENCH_REQUIRE_VLLM") == "1"  # CI: the real run must run, never skip
 
 
 def vllm_cfg(*overrides):
@@ -158,6 +160,30 @@ def test_worker_counters_are_differences_per_batch_size():
     assert worker.request_times(Out) == {"ttft": 0.5, "tpot": 0.5}
 
 
+def test_worker_cpu_time_counts_the_processes_vllm_spawns():
+    """vLLM computes in processes it spawns (engine core, workers): the worker's CPU time must include them,
+    or its CPU share (which flags a measurement whose core other jobs took) would read near 0 for every run."""
+    import subprocess
+    import time
+
+    sys.path.insert(0, str(REPO / "specbench" / "vllm_engine"))
+    try:
+        import worker
+    finally:
+        sys.path.pop(0)
+    before = worker.cpu_seconds()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nprint(1, flush=True)\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # the child has burnt its 0.4 s and still runs
+        assert worker.cpu_seconds() - before >= 0.35
+    finally:
+        child.kill()
+        child.wait()
+    cores = len(os.sched_getaffinity(0))
+    assert worker.cpu_share(1.0, 2.0) == pytest.approx(0.5 / cores) and worker.cpu_share(None, 2.0) is None
+
+
 # ----------------------------------------------------------------------------- the JSON contract (fake worker)
 FAKE_WORKER = textwrap.dedent('''
     import json, os, sys
@@ -175,7 +201,7 @@ FAKE_WORKER = textwrap.dedent('''
         rec = {"kind": "batch", "batch_size": b}
         for key, wall in (("ar", 1.0), ("method", 0.5 * b)):
             toks = [p[-3:] for p in spec["prompts"]]
-            rec[key] = {"tokens": toks, "wall": wall, "new_tokens": sum(map(len, toks)),
+            rec[key] = {"tokens": toks, "wall": wall, "new_tokens": sum(map(len, toks)), "cpu_share": 0.25 if key == "ar" else 0.75,
                         "requests": [{"ttft": 0.01 * b, "tpot": 0.02} for _ in toks],
                         "spec": {"drafts": 4, "draft_tokens": 20, "accepted_tokens": 6, "accepted_per_pos": [3, 2, 1, 0, 0]}
                                 if key == "method" else {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}}
@@ -229,6 +255,7 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     assert s["crossover_batch"] == 4 and s["matches_ar"] == 3
     b1 = s["batches"][0]
     assert b1["mean_accepted_length"] == 1 + 6 / 4 and b1["per_position"] == [0.75, 0.5, 0.25, 0, 0]
+    assert (b1["ar_cpu_share"], b1["method_cpu_share"]) == (0.25, 0.75) and "0.25/0.75" in s["printed"]
     assert json.loads((run_dir / "summary.json").read_text())["engine"] == "vllm"
 
     # the report reads it; the native report routes it there
@@ -246,9 +273,11 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
 
 # ----------------------------------------------------------------------------- a real run in .venv-vllm
 @pytest.mark.slow
-@pytest.mark.skipif(not VENV_PYTHON.is_file(), reason=f"{VENV_PYTHON} is absent: `make vllm-env` builds vLLM's environment (docs/vllm.md)")
+@pytest.mark.skipif(not VENV_PYTHON.is_file() and not REQUIRED,
+                    reason=f"{VENV_PYTHON} is absent: `make vllm-env` builds vLLM's environment (docs/vllm.md)")
 def test_real_vllm_ar_and_ngram_at_batch_1_and_2(tmp_path):
-    """The embedded model converted and served by vLLM: AR and n-gram speculation, greedy, equal outputs."""
+    """The embedded model converted and served by vLLM: AR and n-gram speculation, greedy, equal outputs.
+    SPECBENCH_REQUIRE_VLLM=1 (CI, .ci/run): a missing environment fails instead of skipping."""
     from specbench.vllm_engine.run import run_vllm
 
     run_dir = tmp_path / "run"

@@ -61,9 +61,10 @@ def _f(x, spec=".2f"):
 
 def tables_md(runs) -> str:
     cols = ["method", "batch", table.Column("AR tok/s", spec=".1f"), table.Column("method tok/s", spec=".1f"), "speedup", "=AR",
-            "accept len", "accept by position"]
+            "accept len", "accept by position", "CPU share AR/method"]
     rows = [[label(s), b["batch_size"], b["ar_tokens_per_s"], b["method_tokens_per_s"], _f(b["speedup"], ".3f") + "x",
-             f"{b['matches_ar']}/{b['requests']}", _f(b["mean_accepted_length"]), " ".join(_f(p) for p in b["per_position"] or [])]
+             f"{b['matches_ar']}/{b['requests']}", _f(b["mean_accepted_length"]), " ".join(_f(p) for p in b["per_position"] or []),
+             f"{_f(b.get('ar_cpu_share'))}/{_f(b.get('method_cpu_share'))}"]
             for _, s in runs for b in s["batches"]]
     cross = [[label(s), ", ".join(str(b["batch_size"]) for b in s["batches"]),
               s["crossover_batch"] if s["crossover_batch"] else "pays at every batch size measured"] for _, s in runs]
@@ -71,7 +72,8 @@ def tables_md(runs) -> str:
     head = (f"# vLLM: throughput vs batch size\n\nmodel {m['model']}, task {m['task']}, {m['prompts']} prompts, "
             f"max_new_tokens {m['max_new_tokens']}, sampling {m['sampling']}; runs: " + ", ".join(str(p) for p, _ in runs) + "\n\n")
     return (head + table.render(cols, rows, "markdown") + "\n\nspeedup: the method's tok/s over AR's in the same worker; "
-            "=AR: requests whose tokens equal vLLM's AR; accept len: 1 + accepted / drafts\n\n## Crossover (smallest batch size "
+            "=AR: requests whose tokens equal vLLM's AR; accept len: 1 + accepted / drafts; CPU share: vLLM's CPU time / (wall x "
+            "its cores), well below 1 when other jobs took its cores while it was timed\n\n## Crossover (smallest batch size "
             "with speedup < 1)\n\n" + table.render(["method", "batch sizes", "crossover batch"], cross, "markdown") + "\n")
 
 

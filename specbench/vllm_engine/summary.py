@@ -45,7 +45,8 @@ def system_record(r: dict, samples, task, tok) -> dict:
             "tokens": r["tokens"], "ttft": ttft, "tpot": tpot,
             "ttft_median": _quantile(ttft, 0.5), "ttft_p90": _quantile(ttft, 0.9),
             "tpot_median": _quantile(tpot, 0.5), "tpot_p90": _quantile(tpot, 0.9),
-            "quality": {k: statistics.fmean(v) for k, v in scores.items()}, "spec": r["spec"], "acceptance": acceptance(r["spec"])}
+            "quality": {k: statistics.fmean(v) for k, v in scores.items()}, "spec": r["spec"], "acceptance": acceptance(r["spec"]),
+            "cpu_share": r.get("cpu_share")}  # absent in records of workers before it was measured
 
 
 def batch_record(rec: dict, index: int, samples, ids: list[str], task, tok) -> dict:
@@ -70,7 +71,8 @@ def summarize(records: list[dict]) -> dict:
         rows.append({"batch_size": r["batch_size"], "ar_tokens_per_s": r["ar"]["tokens_per_s"],
                      "method_tokens_per_s": r["method"]["tokens_per_s"], "speedup": r["speedup"],
                      "matches_ar": sum(r["matches_ar_per_request"]), "requests": len(r["matches_ar_per_request"]),
-                     **{f"{s}_{k}": r[s][k] for s in ("ar", "method") for k in ("ttft_median", "ttft_p90", "tpot_median", "tpot_p90")},
+                     **{f"{s}_{k}": r[s].get(k) for s in ("ar", "method")
+                        for k in ("ttft_median", "ttft_p90", "tpot_median", "tpot_p90", "cpu_share")},
                      "mean_accepted_length": acc.get("mean_accepted_length"), "acceptance_rate": acc.get("acceptance_rate"),
                      "per_position": acc.get("per_position"), "drafts": acc.get("drafts"),
                      "quality": r["method"]["quality"], "ar_quality": r["ar"]["quality"]})
@@ -83,7 +85,7 @@ def _f(x, spec=".2f") -> str:
 
 
 COLUMNS = [Column("batch"), Column("AR tok/s", spec=".1f"), Column("method tok/s", spec=".1f"), Column("speedup"),
-           Column("=AR"), Column("TTFT ms AR/method"), Column("TPOT ms AR/method"), Column("accept len"), Column("accept by position", align="<")]
+           Column("=AR"), Column("TTFT ms AR/method"), Column("TPOT ms AR/method"), Column("accept len"), Column("accept by position", align="<"), Column("CPU share AR/method")]
 
 
 def rows_of(s: dict) -> list[list]:
@@ -91,7 +93,8 @@ def rows_of(s: dict) -> list[list]:
              f"{b['matches_ar']}/{b['requests']}",
              f"{_f(_ms(b['ar_ttft_median']), '.0f')}/{_f(_ms(b['method_ttft_median']), '.0f')}",
              f"{_f(_ms(b['ar_tpot_median']), '.1f')}/{_f(_ms(b['method_tpot_median']), '.1f')}",
-             _f(b["mean_accepted_length"]), " ".join(_f(p) for p in b["per_position"] or [])] for b in s["batches"]]
+             _f(b["mean_accepted_length"]), " ".join(_f(p) for p in b["per_position"] or []),
+             f"{_f(b.get('ar_cpu_share'))}/{_f(b.get('method_cpu_share'))}"] for b in s["batches"]]
 
 
 def _ms(x):
@@ -104,7 +107,8 @@ def print_summary(s: dict) -> str:
     lines = [f"\n== vLLM: {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {meta['prompts']} prompts ==",
              f"speculative_config: {meta['speculative_config']}",
              table.text(COLUMNS, rows_of(s)),
-             "(TTFT, TPOT: medians over requests; accept len: 1 + accepted / drafts; by position: accepted at i / drafts)",
+             "(TTFT, TPOT: medians over requests; accept len: 1 + accepted / drafts; by position: accepted at i / drafts;\n"
+             " CPU share: vLLM's CPU time / (wall x its cores): well below 1, other jobs took its cores while it was timed)",
              "crossover: " + (f"speculation stops paying at batch {cross}" if cross else "the method pays at every batch size measured")]
     if meta.get("first_turn_only"):
         lines.append("note: multi-turn samples: vLLM runs their first turn only")

@@ -52,6 +52,35 @@ def request_times(out) -> dict:
     return {"ttft": first, "tpot": tpot}
 
 
+def _stat(pid: str) -> tuple[int, int] | None:
+    """(parent pid, user + system clock ticks) of a live process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+    except OSError:
+        return None
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def cpu_seconds() -> float | None:
+    """CPU time of this process and every process under it (vLLM's engine cores and workers); None off Linux."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    stats = {int(p): st for p in os.listdir("/proc") if p.isdigit() and (st := _stat(p))}
+    tree = {os.getpid()}
+    for _ in range(4):  # worker -> engine core -> vLLM worker (-> its helpers)
+        tree |= {pid for pid, (ppid, _) in stats.items() if ppid in tree}
+    ticks = sum(stats[pid][1] for pid in tree if pid in stats)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(cpu: float | None, wall: float) -> float | None:
+    """vLLM's CPU time over the wall time times the cores it may use: well below 1, something else ran on
+    those cores during the measurement (a shared machine), and its throughput is low by about that much."""
+    cores = len(os.sched_getaffinity(0))
+    return cpu / (wall * cores) if cpu is not None and wall > 0 else None
+
+
 def generate(llm, spec, batch: int) -> dict:
     from vllm import SamplingParams
 
@@ -60,13 +89,14 @@ def generate(llm, spec, batch: int) -> dict:
     params = [SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"], max_tokens=s["max_tokens"],
                              stop_token_ids=s["stop_token_ids"], ignore_eos=s["ignore_eos"], seed=s["seed"] + i)
               for i in range(len(prompts))]
-    before, outs = counters(llm), []
+    before, outs, cpu = counters(llm), [], cpu_seconds()
     start = time.perf_counter()
     for i in range(0, len(prompts), batch):
         outs += llm.generate(prompts[i:i + batch], params[i:i + batch], use_tqdm=False)
     wall = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu if cpu is not None else None
     tokens = [list(o.outputs[0].token_ids) for o in outs]
-    return {"tokens": tokens, "wall": wall, "new_tokens": sum(map(len, tokens)),
+    return {"tokens": tokens, "wall": wall, "new_tokens": sum(map(len, tokens)), "cpu_share": cpu_share(cpu, wall),
             "requests": [request_times(o) for o in outs], "spec": difference(counters(llm), before)}
 
 
