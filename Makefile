@@ -5,7 +5,7 @@ export SPECBENCH_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup run test bench clean gpu-check vllm-env
+.PHONY: setup run test test-vllm bench clean gpu-check vllm-env
 
 setup:
 	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (2.13.0 is the CPU build here)
@@ -31,7 +31,12 @@ vllm-env:
 	@PY=$(PY) sh tools/vllm_env.sh
 
 test:
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# the real vLLM run alone, required: without .venv-vllm it fails instead of skipping (CI: .ci/run)
+VLLM_REAL = tests/test_vllm.py::test_real_vllm_ar_and_ngram_at_batch_1_and_2
+test-vllm:
+	SPECBENCH_REQUIRE_VLLM=1 $(PY) -m pytest $(VLLM_REAL) -rs
 
 bench:
 	$(PY) bench/bench.py --suite core
