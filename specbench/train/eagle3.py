@@ -26,8 +26,9 @@ from specbench.artifacts import save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
 from specbench.methods.eagle3_head import Eagle3Head, draft_size, structure_of, tap_layers
 from specbench.models import ModelAdapter
-from specbench.train.loop import eval_loss, pad_id, run_settings, split_held_out, train_loop, with_labels, write_log
+from specbench.train.loop import eval_loss, pad_batch, pad_id, run_settings, split_held_out, train_loop, with_labels, write_log
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 
@@ -93,8 +94,10 @@ def target_side(target: ModelAdapter, head: Eagle3Head, ids: torch.Tensor):
     return taps[:, :-1], p
 
 
-def eagle3_loss(target: ModelAdapter, head: Eagle3Head, ids, labels, steps: int = 7, decay: float = 0.8, pad: int = 0):
-    """(loss, (right, counted)): see the module doc."""
+def eagle3_loss(target: ModelAdapter, head: Eagle3Head, ids, labels, steps: int = 7, decay: float = 0.8, pad: int = 0,
+                per_step: list | None = None):
+    """(loss, (right, counted)): see the module doc. `per_step`: a list that receives (right,
+    counted) of every unrolled step j (the held-out acceptance at tree depth j+1)."""
     taps, p = target_side(target, head, ids)
     n = taps.shape[1]
     outs = ttt_unroll(head, taps, ids, steps, pad)
@@ -103,9 +106,12 @@ def eagle3_loss(target: ModelAdapter, head: Eagle3Head, ids, labels, steps: int 
         lab = shifted(labels, 1 + j, n, -100)  # the label of position t+1+j: what row t predicts at step j
         inside = lab != -100
         keep = inside & head.t2d[lab.clamp(min=0)]
-        if j == 0:
+        if j == 0 or per_step is not None:
             guess = head.target_ids()[head.draft_logits(out[inside]).argmax(-1)]
-            right, counted = int((guess == lab[inside]).sum()), int(inside.sum())
+            r, c = int((guess == lab[inside]).sum()), int(inside.sum())
+            right, counted = (r, c) if j == 0 else (right, counted)
+            if per_step is not None:
+                per_step.append((r, c))
         if keep.any():
             logq = F.log_softmax(head.draft_logits(out[keep]).float(), -1)
             pj = shifted_rows(p, 1 + j, n)[keep]
@@ -121,6 +127,20 @@ def shifted_rows(p: torch.Tensor, by: int, n: int) -> torch.Tensor:
     if part.shape[1] < n:
         part = torch.cat([part, part.new_zeros((p.shape[0], n - part.shape[1], p.shape[2]))], 1)
     return part
+
+
+def ttt_eval(target: ModelAdapter, head: Eagle3Head, held, tcfg, steps: int, decay: float, pad: int,
+             limit: int = 64) -> dict:
+    """Held-out loss and the top-1 agreement of every unrolled step with its label (acceptance at
+    depth j+1 along the accepted path), over at most `limit` sequences."""
+    losses, right, count = [], [0] * steps, [0] * steps
+    for s in held[:limit]:
+        stats: list = []
+        ids, labels = pad_batch([s], int(tcfg.max_len), pad, target.device)
+        losses.append(float(eagle3_loss(target, head, ids, labels, steps, decay, pad, per_step=stats)[0]))
+        for j, (r, c) in enumerate(stats):
+            right[j], count[j] = right[j] + r, count[j] + c
+    return {"loss": sum(losses) / max(1, len(losses)), "acceptance": [r / max(1, c) for r, c in zip(right, count)]}
 
 
 def draft_vocabulary(target: ModelAdapter, sequences, size: int) -> torch.Tensor:
@@ -147,8 +167,13 @@ def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
     def loss_fn(ids, labels):
         return eagle3_loss(target, head, ids, labels, steps, decay, pad)
 
+    def held_out():  # acceptance by depth: step j's top-1 given the accepted path (the tree's depth j+1)
+        return ttt_eval(target, head, held, tcfg, steps, decay, pad)
+
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = train_loop("eagle3 draft", list(head.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("eagle3 draft", list(head.parameters()), loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "eagle3", target.key, structure_of(mcfg), "draft"),
+                              eval_fn=held_out if held else None)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after) | {"layers": layers}

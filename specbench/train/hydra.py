@@ -30,6 +30,7 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 first_use("hydra")(checkpoint_part("the Hydra heads", "hydra", structure_of))
@@ -98,10 +99,21 @@ def train_hydra(target: ModelAdapter, cfg, sequences) -> dict:
         return hydra_loss(target, heads, ids, labels, distill)
 
     pad = pad_id(target)
+
+    def held_out():  # per-head top-1 (depth k of a chain), without dropout; train() again after
+        heads.eval()
+        try:
+            return {"loss": eval_loss(loss_fn, held, tcfg, pad, target.device)[0],
+                    "acceptance": head_top1(target, heads, held, tcfg, pad)}
+        finally:
+            heads.train()
+
     heads.eval()
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     heads.train()
-    log, stopped = train_loop("hydra heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("hydra heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "hydra", target.key, heads.structure(), "heads"),
+                              eval_fn=held_out if held else None)
     heads.eval()
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     top1 = head_top1(target, heads, held, tcfg, pad)
