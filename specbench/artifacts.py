@@ -74,9 +74,29 @@ def read_json(path: Path, what: str, hint: str):
 
 
 # -- checkpoints --------------------------------------------------------------------------------
+# trained parts shipped with the package (float16, with their sha256 and the command that made them:
+# specbench/publish.py); found when the cache holds none, so a new user of the embedded model waits for nothing
+PUBLISHED = Path(__file__).resolve().parent / "published_artifacts"
+
+
 def checkpoint_path(kind: str, model_key: str, structure: dict) -> Path:
+    """Where training writes (the cache)."""
     h = hashlib.sha1(json.dumps(structure, sort_keys=True).encode()).hexdigest()[:10]
     return cache_dir() / kind / f"{safe_key(model_key)}-{h}.safetensors"
+
+
+def published_path(kind: str, model_key: str, structure: dict) -> Path:
+    return PUBLISHED / safe_key(model_key) / kind / checkpoint_path(kind, model_key, structure).name
+
+
+def find_checkpoint(kind: str, model_key: str, structure: dict) -> Path:
+    """The cache's checkpoint (a local training wins), else the published one, else the cache path
+    (where first-use training will write)."""
+    cached = checkpoint_path(kind, model_key, structure)
+    if cached.is_file():
+        return cached
+    shipped = published_path(kind, model_key, structure)
+    return shipped if shipped.is_file() else cached
 
 
 def _flatten(state: dict, prefix: str = "") -> dict:
@@ -152,7 +172,7 @@ def load_checkpoint(kind: str, model_key: str, structure: dict, where="auto", re
     """`where`: "auto" (the cache), a path, or None (no checkpoint)."""
     if where in (None, "none", False):
         return None
-    path = checkpoint_path(kind, model_key, structure) if where == "auto" else Path(str(where)).expanduser()
+    path = find_checkpoint(kind, model_key, structure) if where == "auto" else Path(str(where)).expanduser()
     hint = TRAIN_HINT.get(kind, "python -m specbench.train").format(model=model_name or model_key,
                                                                     n=structure.get("n_layers", "N"))
     if not path.is_file():

@@ -189,7 +189,8 @@ METHODS = {
     "eagle": {"name": STR(), "top_k": INT(1), "depth": INT(1), "num_nodes": INT(1), "bias": BOOL(),
               "loss_reg": NUM(0), "loss_cls": NUM(0), "cls_labels": CHOICE("soft", "hard")} | _TRAINABLE,
     "eagle3": {"name": STR(), "top_k": INT(1), "depth": INT(1), "num_nodes": INT(1), "layers": ANY,
-               "draft_vocab_size": INT(1, null=True), "ttt_steps": INT(1), "step_decay": NUM(0, 1)} | _TRAINABLE,
+               "draft_vocab_size": INT(1, null=True), "ttt_steps": INT(1), "step_decay": NUM(0, 1),
+               "lm_head": CHOICE("trained", "target")} | _TRAINABLE,
     "eesd": {"name": STR(), "n_layers": INT(1), "head": CHOICE("shared", "trained")} | _TRAINABLE | _DRAFT_VOCAB,
     "hf_assisted": {"name": STR(), "mode": CHOICE("assistant", "prompt_lookup"), "k": INT(1)} | _DRAFT,
     "medusa": {"name": STR(), "variant": CHOICE("medusa1", "medusa2"), "num_heads": INT(1), "share_head": BOOL(),
@@ -238,6 +239,7 @@ _TRAIN = {
     "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True),
     "data.gen_minutes": POS(null=True),  # a safety cap, null: none (the budget is num_prompts)
     "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(),
+    "feature_cache": CHOICE("float16", "float32", null=True),
     "max_steps": INT(1, null=True), "epochs": INT(1, null=True),  # null: the other bound (not both: the loop says so)
     "batch_size": INT(1), "max_len": INT(2),
     # a safety cap, null: none; 0: no optimisation step, which the trainer reports as one line (no checkpoint written)

@@ -25,7 +25,8 @@ BUDGET = ["train.data.num_prompts=4", "train.data.num_original=3", "train.data.m
           "train.eval_fraction=0.3", "train.max_steps=7", "train.warmup_steps=2", "train.checkpoint_every=2",
           "train.eval_every=3", "train.cali=false", "threads=1"]
 METHODS = {"eesd": [], "eagle": [], "medusa2": ["method=medusa", "method.variant=medusa2", "method.num_heads=2"],
-           "space": ["method.lora=true"]}
+           "space": ["method.lora=true"], "eagle3": ["method=eagle3", "method.ttt_steps=3"],
+           "hydra": ["method=hydra", "method.num_heads=2"]}
 
 
 def cfg_for(data_dir, method, *extra):
@@ -40,7 +41,7 @@ def train_in(cache: Path, monkeypatch, cfg) -> Path:
     """Train in the artifact cache `cache`; the artifact's path."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))
     out = train_model(cfg, load_model(cfg.model))
-    return Path(next(v for k, v in out.items() if k in ("eesd", "eagle", "medusa2", "space")))
+    return Path(next(v for k, v in out.items() if k in ("eesd", "eagle", "medusa2", "space", "eagle3", "hydra")))
 
 
 def sha(path: Path) -> str:
@@ -130,11 +131,14 @@ def test_evaluations_do_not_change_the_weights(method, data_dir, tmp_path, monke
     assert_same_state(a, b)
 
 
-def test_the_curve_is_logged_against_steps(data_dir, tmp_path, monkeypatch):
-    path = train_in(tmp_path, monkeypatch, cfg_for(data_dir, "medusa2"))
+@pytest.mark.parametrize("method,depths", [("medusa2", 2), ("eagle3", 3), ("hydra", 2)])
+def test_the_curve_is_logged_against_steps(method, depths, data_dir, tmp_path, monkeypatch):
+    """Held-out acceptance per depth (Medusa/Hydra heads, EAGLE-3's unrolled steps) at steps 0, 3, 6, 7."""
+    path = train_in(tmp_path, monkeypatch, cfg_for(data_dir, method))
     body = json.loads(path.with_suffix(".log.json").read_text())
     assert [p["step"] for p in body["curve"]] == [0, 3, 6, 7]
-    assert all(len(p["acceptance"]) == 2 and all(0 <= a <= 1 for a in p["acceptance"]) for p in body["curve"])
+    assert all(len(p["acceptance"]) == depths and all(0 <= a <= 1 for a in p["acceptance"]) for p in body["curve"])
+    assert body["curve"][-1]["acceptance"] != body["curve"][0]["acceptance"]  # the evaluation sees the training
     assert body["settings"]["data"]["sequences"] == 7 and body["settings"]["capped"] is False
 
 

@@ -161,11 +161,38 @@ def draft_size(target: ModelAdapter, cfg) -> int:
     return min(size, target.vocab_size)  # a vocabulary smaller than the draft's: all of it
 
 
+LM_HEADS = ("trained", "target")
+
+
+def lm_head_mode(cfg) -> str:
+    """method.lm_head: `trained` (the authors': the draft's own head, saved) or `target` (the
+    target's head rows of the draft vocabulary, frozen in training and not saved: derived from the
+    target and d2t at load, so a checkpoint is ~half the size)."""
+    mode = str(cfg.get("lm_head", "trained"))
+    if mode not in LM_HEADS:
+        raise SpecBenchError(f"method.lm_head={mode!r} is not allowed; allowed: {', '.join(LM_HEADS)}")
+    return mode
+
+
 def structure_of(cfg) -> dict:
     """The cache key of a trained head (first use and loading agree): the settings as written."""
     layers = cfg.get("layers", "auto")
-    return {"layers": layers if isinstance(layers, str) else [int(v) for v in layers],
-            "draft_vocab_size": cfg.get("draft_vocab_size", None)}
+    out = {"layers": layers if isinstance(layers, str) else [int(v) for v in layers],
+           "draft_vocab_size": cfg.get("draft_vocab_size", None)}
+    return out | ({"lm_head": "target"} if lm_head_mode(cfg) == "target" else {})
+
+
+def with_target_head(state: dict, target: ModelAdapter, where: str) -> dict:
+    """A checkpoint saved with lm_head=target: its lm_head rows are the target's at d2t's ids."""
+    if "lm_head.weight" in state:
+        raise SpecBenchError(f"checkpoint {where}: holds lm_head.weight, but method.lm_head=target derives it from the "
+                             "target (train with method.lm_head=target, or load it with method.lm_head=trained)")
+    if "d2t" not in state or "t2d" not in state:
+        return state  # check_state names the missing key
+    check_maps(state["d2t"], state["t2d"], f"checkpoint {where}")
+    ids = torch.arange(len(state["d2t"])) + state["d2t"].long()
+    w = target.lm_head.weight
+    return state | {"lm_head.weight": w.detach()[ids.to(w.device)].to("cpu", torch.float32)}
 
 
 def _read_weights(path: Path) -> dict:
@@ -229,6 +256,8 @@ def load_eagle3(target: ModelAdapter, cfg) -> tuple[Eagle3Head, dict]:
     if ckpt is None and not allow:
         raise SpecBenchError(f"no trained EAGLE-3 draft for model {target.name}; train it with `"
                              + TRAIN_CMD.format(model=target.name) + "` or set method.allow_untrained=true")
+    if ckpt is not None and lm_head_mode(cfg) == "target":
+        ckpt["state"] = with_target_head(ckpt["state"], target, ckpt["path"])
     if ckpt is not None:
         check_state(ckpt["state"], expected_state(head), ckpt["path"], ckpt["fix"])
         check_maps(ckpt["state"]["d2t"], ckpt["state"]["t2d"], f"checkpoint {ckpt['path']}")

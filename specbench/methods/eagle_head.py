@@ -59,11 +59,12 @@ class EagleHead(nn.Module):
         return self._target.lm_head(features)
 
 
-def training_pairs(target: ModelAdapter, ids: torch.Tensor):
+def training_pairs(target: ModelAdapter, ids: torch.Tensor, f: torch.Tensor | None = None):
     """What the head learns from a token sequence ids [B, T]: inputs (f_0..f_(T-2), x_1..x_(T-1))
     and regression targets f_1..f_(T-1). Decoding feeds the head exactly these pairs for the
-    committed tokens (tests/test_eagle.py checks it)."""
-    f = target.norm(target.run_layers(target.embed(ids), None))
+    committed tokens (tests/test_eagle.py checks it). `f`: the final-norm features if cached."""
+    if f is None:
+        f = target.norm(target.run_layers(target.embed(ids), None))
     return f[:, :-1], ids[:, 1:], f[:, 1:]
 
 

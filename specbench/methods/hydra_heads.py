@@ -131,13 +131,16 @@ class HydraHeads(nn.Module):
         return self.hydra_lm_head[k](self.hydra_mlp[k](x))
 
 
-def teacher_forced_inputs(heads: HydraHeads, target: ModelAdapter, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def teacher_forced_inputs(heads: HydraHeads, target: ModelAdapter, ids: torch.Tensor,
+                          h: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """What head k reads at position t of a token sequence ids [B, T] in training: cat(base_t,
     emb(ids[t+1]), .., emb(ids[t+k+1])) for t = 0 .. T-k-3 (it predicts ids[t+k+2]), i.e. the
     text's tokens stand where decoding puts the path's tokens (tests/test_hydra.py checks the
-    two agree). Returns (the target's final-norm hidden states [B, T, d], inputs per head)."""
+    two agree). Returns (the target's final-norm hidden states [B, T, d], inputs per head).
+    `h`: those states if cached (train/features.py)."""
     with torch.no_grad():  # frozen target
-        h = target.norm(target.run_layers(target.embed(ids), None))
+        if h is None:
+            h = target.norm(target.run_layers(target.embed(ids), None))
         emb = target.embed(ids)
     base = heads.base(h, None)
     T, out, cat = ids.shape[1], [], base

@@ -24,6 +24,7 @@ from specbench.artifacts import save_checkpoint
 from specbench.errors import choice_error
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.models import ModelAdapter
+from specbench.train.features import target_features
 from specbench.train.loop import (
     ce_loss,
     eval_loss,
@@ -48,10 +49,11 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float = 1.0, w_cls: float = 0.1,
-               cls_labels: str = "soft"):
-    """(loss, (right, counted) top-1 agreement of the draft with the labels)."""
+               cls_labels: str = "soft", store=None):
+    """(loss, (right, counted) top-1 agreement of the draft with the labels). `store`: the target's
+    cached features (train/features.py), None: computed here."""
     with torch.no_grad():  # frozen target: no graph through it
-        feats, toks, want = training_pairs(target, ids)
+        feats, toks, want = training_pairs(target, ids, store.batch(ids, labels) if store is not None else None)
     pred = head(feats, toks, None)
     lab = labels[:, 1:]  # the label of position t+1: what the draft's logits at pair t predict
     keep = lab != -100
@@ -85,8 +87,10 @@ def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     if cls_labels not in CLS_LABELS:
         raise choice_error("eagle cls_labels", cls_labels, CLS_LABELS)
 
+    store = target_features(target, train + held, ["final"], tcfg)
+
     def loss_fn(ids, labels):
-        return eagle_loss(target, head, ids, labels, w_reg, w_cls, cls_labels)
+        return eagle_loss(target, head, ids, labels, w_reg, w_cls, cls_labels, store)
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)

@@ -24,10 +24,12 @@ from torch.nn import functional as F
 
 from specbench.artifacts import save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
-from specbench.methods.eagle3_head import Eagle3Head, draft_size, structure_of, tap_layers
+from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, structure_of, tap_layers
 from specbench.models import ModelAdapter
-from specbench.train.loop import eval_loss, pad_id, run_settings, split_held_out, train_loop, with_labels, write_log
+from specbench.train.features import target_features
+from specbench.train.loop import eval_loss, pad_batch, pad_id, run_settings, split_held_out, train_loop, with_labels, write_log
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 
@@ -81,21 +83,34 @@ def ttt_unroll(head: Eagle3Head, taps: torch.Tensor, ids: torch.Tensor, steps: i
     return outs
 
 
+def feature_taps(head: Eagle3Head) -> list:
+    """What the loss reads of the target (features.py): the three layer inputs, the final-norm state."""
+    return [*head.layers, "final"]
+
+
 @torch.no_grad()
-def target_side(target: ModelAdapter, head: Eagle3Head, ids: torch.Tensor):
+def target_side(target: ModelAdapter, head: Eagle3Head, ids: torch.Tensor, cached: torch.Tensor | None = None):
     """Taps [B, T-1, 3d] at positions 0..T-2 and the target's distribution over the draft
-    vocabulary at every position [B, T, V'] (its head's rows of those ids: never a [B, T, V] tensor)."""
-    h, taps = target.run_layers_tapped(target.embed(ids), None, head.layers)
+    vocabulary at every position [B, T, V'] (its head's rows of those ids: never a [B, T, V] tensor).
+    `cached`: the batch's feature_taps from the feature cache (else the target runs here)."""
+    if cached is None:
+        h, taps = target.run_layers_tapped(target.embed(ids), None, head.layers)
+        hn = target.norm(h)
+    else:
+        taps, hn = cached[..., : -target.hidden_size], cached[..., -target.hidden_size:]
     rows = head.target_ids()
     w = target.lm_head.weight[rows]
     bias = None if target.lm_head.bias is None else target.lm_head.bias[rows]
-    p = torch.softmax(F.linear(target.norm(h), w, bias).float(), -1)
+    p = torch.softmax(F.linear(hn, w, bias).float(), -1)
     return taps[:, :-1], p
 
 
-def eagle3_loss(target: ModelAdapter, head: Eagle3Head, ids, labels, steps: int = 7, decay: float = 0.8, pad: int = 0):
-    """(loss, (right, counted)): see the module doc."""
-    taps, p = target_side(target, head, ids)
+def eagle3_loss(target: ModelAdapter, head: Eagle3Head, ids, labels, steps: int = 7, decay: float = 0.8, pad: int = 0,
+                per_step: list | None = None, store=None):
+    """(loss, (right, counted)): see the module doc. `per_step`: a list that receives (right,
+    counted) of every unrolled step j (the held-out acceptance at tree depth j+1). `store`: the
+    target's cached features (train/features.py), None: computed here."""
+    taps, p = target_side(target, head, ids, store.batch(ids, labels) if store is not None else None)
     n = taps.shape[1]
     outs = ttt_unroll(head, taps, ids, steps, pad)
     total, right, counted = taps.new_zeros(()).float(), 0, 0
@@ -103,9 +118,12 @@ def eagle3_loss(target: ModelAdapter, head: Eagle3Head, ids, labels, steps: int 
         lab = shifted(labels, 1 + j, n, -100)  # the label of position t+1+j: what row t predicts at step j
         inside = lab != -100
         keep = inside & head.t2d[lab.clamp(min=0)]
-        if j == 0:
+        if j == 0 or per_step is not None:
             guess = head.target_ids()[head.draft_logits(out[inside]).argmax(-1)]
-            right, counted = int((guess == lab[inside]).sum()), int(inside.sum())
+            r, c = int((guess == lab[inside]).sum()), int(inside.sum())
+            right, counted = (r, c) if j == 0 else (right, counted)
+            if per_step is not None:
+                per_step.append((r, c))
         if keep.any():
             logq = F.log_softmax(head.draft_logits(out[keep]).float(), -1)
             pj = shifted_rows(p, 1 + j, n)[keep]
@@ -123,6 +141,20 @@ def shifted_rows(p: torch.Tensor, by: int, n: int) -> torch.Tensor:
     return part
 
 
+def ttt_eval(target: ModelAdapter, head: Eagle3Head, held, tcfg, steps: int, decay: float, pad: int,
+             limit: int = 64, store=None) -> dict:
+    """Held-out loss and the top-1 agreement of every unrolled step with its label (acceptance at
+    depth j+1 along the accepted path), over at most `limit` sequences."""
+    losses, right, count = [], [0] * steps, [0] * steps
+    for s in held[:limit]:
+        stats: list = []
+        ids, labels = pad_batch([s], int(tcfg.max_len), pad, target.device)
+        losses.append(float(eagle3_loss(target, head, ids, labels, steps, decay, pad, per_step=stats, store=store)[0]))
+        for j, (r, c) in enumerate(stats):
+            right[j], count[j] = right[j] + r, count[j] + c
+    return {"loss": sum(losses) / max(1, len(losses)), "acceptance": [r / max(1, c) for r, c in zip(right, count)]}
+
+
 def draft_vocabulary(target: ModelAdapter, sequences, size: int) -> torch.Tensor:
     """The `size` most frequent loss tokens (+ EOS), sorted target ids."""
     return subset_ids(rank_tokens(sequences, target.vocab_size), size, target.vocab_size,
@@ -138,21 +170,29 @@ def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
     layers = tap_layers(target.num_layers, mcfg.get("layers", "auto"))
     head = Eagle3Head(target, layers, draft_vocabulary(target, sequences, draft_size(target, mcfg)))
     head.init_from_target()
-    for p in head.parameters():
-        p.requires_grad_(True)
+    frozen = {"lm_head.weight"} if lm_head_mode(mcfg) == "target" else set()  # the target's rows: not trained, not saved
+    for name, p in head.named_parameters():
+        p.requires_grad_(name not in frozen)
     head.train()
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
     steps, decay, pad = int(mcfg.get("ttt_steps", 7)), float(mcfg.get("step_decay", 0.8)), pad_id(target)
 
+    store = target_features(target, train + held, feature_taps(head), tcfg)
+
     def loss_fn(ids, labels):
-        return eagle3_loss(target, head, ids, labels, steps, decay, pad)
+        return eagle3_loss(target, head, ids, labels, steps, decay, pad, store=store)
+
+    def held_out():  # acceptance by depth: step j's top-1 given the accepted path (the tree's depth j+1)
+        return ttt_eval(target, head, held, tcfg, steps, decay, pad, store=store)
 
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    log, stopped = train_loop("eagle3 draft", list(head.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("eagle3 draft", [p for p in head.parameters() if p.requires_grad], loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "eagle3", target.key, structure_of(mcfg), "draft"),
+                              eval_fn=held_out if held else None)
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after) | {"layers": layers}
-    state = {k: v.detach().cpu() for k, v in head.state_dict().items()}
+    state = {k: v.detach().cpu() for k, v in head.state_dict().items() if k not in frozen}
     path = save_checkpoint("eagle3", target.key, structure_of(mcfg), state, settings)
     write_log(path, log, settings)
     print(f"eagle3: held-out loss {before[0]:.3f} -> {after[0]:.3f}, step-0 agreement {before[1]:.3f} -> {after[1]:.3f} "

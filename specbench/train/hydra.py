@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from specbench.artifacts import save_checkpoint
 from specbench.methods.hydra_heads import HydraHeads, structure_of, teacher_forced_inputs
 from specbench.models import ModelAdapter
+from specbench.train.features import target_features
 from specbench.train.loop import (
     eval_loss,
     pad_batch,
@@ -30,15 +31,17 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 
 first_use("hydra")(checkpoint_part("the Hydra heads", "hydra", structure_of))
 
 
-def head_rows(heads: HydraHeads, target: ModelAdapter, ids, labels):
+def head_rows(heads: HydraHeads, target: ModelAdapter, ids, labels, store=None):
     """Per head k: (its inputs on the loss region [N, d(k+2)], the target's final-norm hidden
-    state at the position whose next token it predicts [N, d], that token's label [N])."""
-    h, inputs = teacher_forced_inputs(heads, target, ids)
+    state at the position whose next token it predicts [N, d], that token's label [N]).
+    `store`: the target's cached features (train/features.py), None: computed here."""
+    h, inputs = teacher_forced_inputs(heads, target, ids, store.batch(ids, labels) if store is not None else None)
     out = []
     for k, x in enumerate(inputs):
         n = x.shape[1]
@@ -48,10 +51,10 @@ def head_rows(heads: HydraHeads, target: ModelAdapter, ids, labels):
     return out
 
 
-def hydra_loss(target: ModelAdapter, heads: HydraHeads, ids, labels, distill: bool):
+def hydra_loss(target: ModelAdapter, heads: HydraHeads, ids, labels, distill: bool, store=None):
     """(loss, (right, counted) top-1 agreement of head 1 with the labels)."""
     total, agree = None, (0, 0)
-    for k, (x, h, lab) in enumerate(head_rows(heads, target, ids, labels)):
+    for k, (x, h, lab) in enumerate(head_rows(heads, target, ids, labels, store)):
         if not len(lab):
             continue
         logits = heads.head(k, x).float()
@@ -70,13 +73,13 @@ def hydra_loss(target: ModelAdapter, heads: HydraHeads, ids, labels, distill: bo
 
 
 @torch.no_grad()
-def head_top1(target, heads, sequences, tcfg, pad, limit: int = 64) -> list[float]:
+def head_top1(target, heads, sequences, tcfg, pad, limit: int = 64, store=None) -> list[float]:
     """How often head k's top-1 equals the label (teacher-forced), per head, on `sequences`."""
     right = [0] * heads.num_heads
     count = [0] * heads.num_heads
     for s in sequences[:limit]:
         ids, labels = pad_batch([s], int(tcfg.max_len), pad, target.device)
-        for k, (x, _, lab) in enumerate(head_rows(heads, target, ids, labels)):
+        for k, (x, _, lab) in enumerate(head_rows(heads, target, ids, labels, store)):
             if len(lab):
                 right[k] += int((heads.head(k, x).argmax(-1) == lab).sum())
                 count[k] += len(lab)
@@ -94,17 +97,30 @@ def train_hydra(target: ModelAdapter, cfg, sequences) -> dict:
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
     distill = s["variant"] == "hydra_pp"
 
+    store = target_features(target, train + held, ["final"], tcfg)
+
     def loss_fn(ids, labels):
-        return hydra_loss(target, heads, ids, labels, distill)
+        return hydra_loss(target, heads, ids, labels, distill, store)
 
     pad = pad_id(target)
+
+    def held_out():  # per-head top-1 (depth k of a chain), without dropout; train() again after
+        heads.eval()
+        try:
+            return {"loss": eval_loss(loss_fn, held, tcfg, pad, target.device)[0],
+                    "acceptance": head_top1(target, heads, held, tcfg, pad, store=store)}
+        finally:
+            heads.train()
+
     heads.eval()
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     heads.train()
-    log, stopped = train_loop("hydra heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device)
+    log, stopped = train_loop("hydra heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device,
+                              resume=resume_for(cfg, "hydra", target.key, heads.structure(), "heads"),
+                              eval_fn=held_out if held else None)
     heads.eval()
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
-    top1 = head_top1(target, heads, held, tcfg, pad)
+    top1 = head_top1(target, heads, held, tcfg, pad, store=store)
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after) | {"head_top1": top1}
     state = {k: v.detach().cpu() for k, v in heads.state_dict().items()}
     path = save_checkpoint("hydra", target.key, heads.structure(), state, settings)

@@ -26,16 +26,20 @@ from specbench.train.loop import (
     with_labels,
     write_log,
 )
+from specbench.train.features import target_features
 from specbench.train.parts import checkpoint_part, first_use
 from specbench.train.resume import resume_for
 from specbench.train.trainers import TRAINERS, trainer
 
 
-def medusa_loss(target: ModelAdapter, heads, ids, labels, decay: float = 0.8):
+def medusa_loss(target: ModelAdapter, heads, ids, labels, decay: float = 0.8, store=None):
     """(loss, (right, counted) top-1 agreement of head 1). labels[p] is what position p should
-    predict (text token p+1 or the target's greedy choice), so head k at p learns labels[p+k]."""
-    with torch.no_grad():  # frozen backbone (Medusa-1)
-        h = target.norm(target.run_layers(target.embed(ids), None))
+    predict (text token p+1 or the target's greedy choice), so head k at p learns labels[p+k].
+    `store`: the target's cached final-norm features (train/features.py), None: computed here."""
+    h = store.batch(ids, labels) if store is not None else None
+    if h is None:
+        with torch.no_grad():  # frozen backbone (Medusa-1)
+            h = target.norm(target.run_layers(target.embed(ids), None))
     return heads_loss(heads, h, ids, labels, decay)
 
 
@@ -101,8 +105,10 @@ def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
     decay = float(mcfg.get("loss_decay", 0.8))
 
+    store = target_features(target, train + held, ["final"], tcfg)
+
     def loss_fn(ids, labels):
-        return medusa_loss(target, heads, ids, labels, decay)
+        return medusa_loss(target, heads, ids, labels, decay, store)
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)

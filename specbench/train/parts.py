@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specbench.artifacts import checkpoint_path
+from specbench.artifacts import find_checkpoint
 
 FIRST_USE: dict[str, Callable] = {}  # method name -> (cfg, target) -> [Part]
 
@@ -61,7 +61,7 @@ def checkpoint_part(what: str, kind: str, structure: Callable, trainer: str | No
         m = cfg.method
         if OmegaConf.select(m, where, default="auto") != "auto" or m.get("allow_untrained", False):
             return []
-        path = checkpoint_path(kind, target.key, structure(m))
+        path = find_checkpoint(kind, target.key, structure(m))  # a published part counts as present
         name = trainer or m.name
         return [Part(what, path, name, train_minutes, name)]
 

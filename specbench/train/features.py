@@ -1,0 +1,135 @@
+"""The target's features for the training text, computed once by a prefill and cached on disk.
+
+Every trainer of a draft that reads the target's hidden states (EAGLE-2: the final-norm feature;
+EAGLE-3: the inputs of three layers and the final-norm feature its loss reads the target's
+distribution from; Hydra and Medusa: the final-norm feature) ran the whole frozen target over each
+batch at every optimiser step and again for every epoch, resumed run and held-out evaluation.
+Here the target runs once over every sequence (a batched, right-padded prefill: causal attention
+keeps the real positions unaffected; never generation), and the features are stored in
+`<cache>/features/<key>.safetensors`, keyed by the model's identity, the sequences' hash (their
+tokens cut at train.max_len), the tap set and the storage dtype; every trainer and resumed run with
+the same key reuses the file.
+
+`train.feature_cache`: `float16` (default; tests/test_features.py shows the loss within 1e-3
+relative of the live computation on the tiny model), `float32`, or null (compute live, as before).
+
+A tap is a layer index i (the hidden state at the input of layer i, as EAGLE-3 reads it) or
+"final" (the final norm's output). A batch's rows are found by their tokens: the training loop
+hands the loss padded ids and labels; a row's length is its last labelled position + 2
+(loop.pad_batch), and its first that many tokens are the sequence. A row not in the store (a
+caller's own ids) is None: the caller computes it live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from specbench.artifacts import atomic_write, cache_dir, safe_key
+from specbench.errors import SpecBenchError
+from specbench.models import ModelAdapter
+
+FORMAT = "specbench-features/1"
+DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+class FeatureStore:
+    """Features [sum of lengths, F] of the sequences, found by their tokens."""
+
+    def __init__(self, feats: torch.Tensor, keys: list[tuple], dtype, device):
+        self.feats, self.dtype, self.device = feats, dtype, device
+        self.index: dict[tuple, tuple[int, int]] = {}
+        at = 0
+        for k in keys:
+            self.index.setdefault(k, (at, len(k)))
+            at += len(k)
+
+    @property
+    def width(self) -> int:
+        return self.feats.shape[1]
+
+    def batch(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """[B, T, F] in the target's dtype for a padded batch (loop.pad_batch), or None when a row
+        with labels is not stored. Rows without labels and padding are zeros (no loss reads them)."""
+        out = torch.zeros(ids.shape[0], ids.shape[1], self.width, dtype=self.dtype)
+        for b in range(ids.shape[0]):
+            where = (labels[b] != -100).nonzero()
+            if not len(where):
+                continue
+            n = int(where.max()) + 2
+            hit = self.index.get(tuple(ids[b, :n].tolist()))
+            if hit is None or hit[1] != n:
+                return None
+            out[b, :n] = self.feats[hit[0]: hit[0] + n].to(self.dtype)
+        return out.to(self.device)
+
+
+def feature_key(target: ModelAdapter, keys: list[tuple], taps, dtype: str) -> str:
+    blob = json.dumps([FORMAT, target.key, [list(k) for k in keys], [str(t) for t in taps], dtype])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@torch.no_grad()
+def prefill(target: ModelAdapter, seqs: list[list[int]], taps, batch_size: int = 4) -> torch.Tensor:
+    """[sum of lengths, F]: the taps of every position of every sequence, in `taps`' order."""
+    layers = [int(t) for t in taps if t != "final"]
+    rows = []
+    for i in tqdm(range(0, len(seqs), batch_size), desc="target features (prefill)", unit="batch"):
+        batch = seqs[i: i + batch_size]
+        width = max(len(s) for s in batch)
+        ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in batch], device=target.device)
+        h, tapped = target.run_layers_tapped(target.embed(ids), None, layers or [0])
+        d = target.hidden_size
+        parts, k = [], 0
+        for t in taps:
+            if t == "final":
+                parts.append(target.norm(h))
+            else:
+                parts.append(tapped[..., k * d:(k + 1) * d])
+                k += 1
+        f = torch.cat(parts, -1).cpu()
+        rows += [f[b, : len(s)] for b, s in enumerate(batch)]
+    return torch.cat(rows, 0)
+
+
+def target_features(target: ModelAdapter, sequences, taps, tcfg) -> FeatureStore | None:
+    """The store of `sequences`' features at `taps` (cached), or None with train.feature_cache null."""
+    kind = tcfg.get("feature_cache", "float16")
+    if kind is None:
+        return None
+    if kind not in DTYPES:
+        raise SpecBenchError(f"train.feature_cache={kind!r} is not allowed; allowed: float16, float32, null")
+    keys = [tuple(s[0][: int(tcfg.max_len)]) for s in sequences]
+    key = feature_key(target, keys, taps, kind)
+    path = cache_dir() / "features" / f"{safe_key(target.key)}-{key}.safetensors"
+    width = len(taps) * target.hidden_size
+    feats = _read(path, key, sum(len(k) for k in keys), width)
+    if feats is None:
+        feats = prefill(target, [list(k) for k in keys], taps).to(DTYPES[kind])
+        meta = {"format": FORMAT, "key": key, "model": target.key, "taps": [str(t) for t in taps], "dtype": kind}
+        atomic_write(path, lambda p: save_file({"features": feats.contiguous()}, str(p),
+                                               metadata={"specbench": json.dumps(meta)}))
+        print(f"target features: {len(keys)} sequences, {feats.shape[0]} positions x {width} ({kind}) -> {path}", flush=True)
+    else:
+        print(f"target features: reusing {path}", flush=True)
+    return FeatureStore(feats, keys, target.dtype, target.device)
+
+
+def _read(path, key: str, rows: int, width: int) -> torch.Tensor | None:
+    """The cached features if the file is ours, of this key and shape; else None (recompute)."""
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["specbench"])
+            feats = f.get_tensor("features")
+        ok = meta.get("format") == FORMAT and meta.get("key") == key and tuple(feats.shape) == (rows, width)
+    except Exception as e:  # noqa: BLE001 - a damaged cache file is recomputed, never trusted
+        print(f"target features: ignoring {path} ({type(e).__name__}); recomputing", flush=True)
+        return None
+    return feats if ok else None

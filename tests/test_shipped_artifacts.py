@@ -1,0 +1,88 @@
+"""Published artifacts (specbench/published_artifacts, specbench/publish.py) and EAGLE-3's
+lm_head=target: a draft whose head is the target's rows is saved without them and derived at
+load; a published float16 checkpoint is found when the cache holds none (and a local training
+wins over it), loads strictly, decodes losslessly; every shipped file matches its recorded sha256."""
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specbench import artifacts
+from specbench.errors import SpecBenchError
+from specbench.methods.eagle3_head import structure_of
+from specbench.provenance import file_sha256
+from specbench.publish import publish
+from specbench.train.eagle3 import train_eagle3
+from specbench.train.parts import FIRST_USE
+from tests.helpers import ar_tokens, build, tiny_model
+from tests.test_medusa import tiny_sequences, train_cfg
+
+MCFG = {"name": "eagle3", "top_k": 3, "depth": 3, "num_nodes": 8, "draft_vocab_size": 48, "ttt_steps": 2,
+        "layers": "auto", "lm_head": "target", "checkpoint": "auto"}
+
+
+def trained(tmp_path, monkeypatch, mcfg=MCFG):
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    target = tiny_model()
+    res = train_eagle3(target, train_cfg(mcfg, labels="target", epochs=2), tiny_sequences())
+    return target, res["eagle3"]
+
+
+def test_lm_head_target_is_not_saved_and_is_derived_at_load(tmp_path, monkeypatch):
+    target, path = trained(tmp_path, monkeypatch)
+    state = artifacts.read_checkpoint(path, "-")["state"]
+    assert "lm_head.weight" not in state and "fc.weight" in state
+    m = build("eagle3", target, OmegaConf.create(MCFG))
+    assert m.info["head_trained"]
+    assert torch.equal(m.head.lm_head.weight, target.lm_head.weight[m.head.target_ids()])
+    prompt = tiny_sequences(1, seed=5)[0][0][:10]
+    assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(target, prompt, 16)
+
+
+def test_a_checkpoint_with_its_own_head_is_refused_under_lm_head_target(tmp_path, monkeypatch):
+    target, path = trained(tmp_path, monkeypatch, MCFG | {"lm_head": "trained"})
+    with pytest.raises(SpecBenchError, match="was trained for .* not eagle3 .*lm_head.: .target"):
+        build("eagle3", target, OmegaConf.create(MCFG | {"checkpoint": path}))
+
+
+def test_a_published_checkpoint_is_found_and_a_local_training_wins(tmp_path, monkeypatch):
+    target, path = trained(tmp_path, monkeypatch)
+    monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
+    shipped = publish(path, "python -m specbench.train method=eagle3 model=tiny-llama")
+    info = json.loads(shipped.with_suffix(".json").read_text())
+    assert info["sha256"] == file_sha256(shipped) and "tiny-llama" in info["command"]
+    assert all(v.dtype in (torch.float16, torch.long, torch.bool) for v in
+               artifacts._flatten(artifacts.read_checkpoint(shipped, "-")["state"]).values())
+    cfg = OmegaConf.create({"method": MCFG})
+    assert str(FIRST_USE["eagle3"](cfg, target)[0].path) == path  # the cache's own first
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
+    parts = FIRST_USE["eagle3"](cfg, target)
+    assert parts[0].path == shipped and parts[0].path.is_file()  # first use trains nothing
+    m = build("eagle3", target, OmegaConf.create(MCFG))
+    assert m.info["checkpoint"] == str(shipped) and m.info["head_trained"]
+    local = artifacts.read_checkpoint(path, "-")["state"]
+    assert torch.equal(m.head.fc.weight, local["fc.weight"].half().to(m.head.fc.weight.dtype))
+    prompt = tiny_sequences(1, seed=5)[0][0][:10]
+    assert m.generate(prompt, 16, frozenset(), 0).tokens == ar_tokens(target, prompt, 16)
+
+
+def test_structure_key_of_lm_head():
+    assert structure_of(OmegaConf.create({"layers": "auto", "draft_vocab_size": 8})) == {"layers": "auto", "draft_vocab_size": 8}
+    assert structure_of(OmegaConf.create({"draft_vocab_size": 8, "lm_head": "target"}))["lm_head"] == "target"
+    with pytest.raises(SpecBenchError, match="method.lm_head='x'"):
+        structure_of(OmegaConf.create({"lm_head": "x"}))
+
+
+SHIPPED = sorted(artifacts.PUBLISHED.rglob("*.safetensors")) if artifacts.PUBLISHED.is_dir() else []
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_artifact_matches_its_record(path):
+    info = json.loads(path.with_suffix(".json").read_text())
+    assert info["sha256"] == file_sha256(path) and info["bytes"] == path.stat().st_size <= 11 * 2**20
+    meta = artifacts.read_checkpoint(path, "-")
+    assert path == artifacts.published_path(meta["kind"], meta["model_key"], meta["structure"])
+    assert info["command"].startswith("python -m specbench.train ")
