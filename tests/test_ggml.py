@@ -86,7 +86,8 @@ def test_recovery_finds_the_embedded_files_own_blocks():
             assert torch.equal(bw.qs, torch.from_numpy(blocks[..., 2:].copy().view(np.int8)))
 
 
-def _check_kernel(kind: str, lib=None, n: int = 67) -> None:
+def _check_kernel(kind: str, lib=None, n: int = 67) -> torch.Tensor:
+    torch.manual_seed(n)  # the same x and bias for every build compared
     # n = 67: every tile shape, the one-row path's stripes (8 full groups) and a 3-row tail;
     # n = 5: no full group, so no stripes at all
     k = 96
@@ -99,6 +100,7 @@ def _check_kernel(kind: str, lib=None, n: int = 67) -> None:
     ref = nn.functional.linear(x, w, bias)
     assert torch.allclose(one, ref, rtol=1e-5, atol=1e-5)
     assert_batch_invariant(lambda xs: ggml.linear(xs, bw, bias, lib), x, one, kind)
+    return one
 
 
 def assert_batch_invariant(linear, x, one, label, rows=(1, 2, 3, 4, 5, 7, 8, 9, 16, 17)) -> None:
@@ -121,10 +123,15 @@ def test_kernel_is_batch_invariant_and_equals_f_linear_up_to_rounding(kind):
 
 @pytest.mark.parametrize("kind", ggml.FORMATS)
 def test_portable_build_without_avx512(kind):
-    """CI machines may lack AVX-512: the portable variant must hold the same invariant."""
-    lib = ggml.load(ggml.build(("-mno-avx512f",)))
-    assert lib.ggml_kernels_avx512() == 0
-    _check_kernel(kind, lib)
+    """CI machines may lack AVX-512 (and AVX2): those builds must hold the same invariant, and
+    the AVX2 build does the portable build's operations lane for lane, so it returns its bits."""
+    portable = ggml.load(ggml.build(("-mno-avx512f", "-mno-avx2")))
+    assert portable.ggml_kernels_avx512() == 0 and portable.ggml_kernels_path() == 0
+    want = _check_kernel(kind, lib=portable)
+    if "avx2" in ggml.cpu_flags().split():
+        avx2 = ggml.load(ggml.build(("-mno-avx512f",)))
+        assert avx2.ggml_kernels_path() == 1
+        assert torch.equal(_check_kernel(kind, lib=avx2), want)
 
 
 def test_tiny_q4_model_runs_the_q4_kernel_and_matches_ar():

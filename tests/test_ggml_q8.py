@@ -36,12 +36,34 @@ def test_q8_kernel_is_batch_invariant_and_computes_int8_activations(kind, n):
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-def test_q8_portable_build_gives_the_same_bits(kind):
-    """Integer sums are exact and the float epilogue is the same operations: the portable build
-    (CI machines without AVX-512 VNNI) returns the VNNI build's bits."""
+@pytest.mark.parametrize(("flags", "path"), [(("-mno-avx512f",), 1), (("-mno-avx512f", "-mno-avx2"), 0)])
+def test_q8_avx2_and_portable_builds_give_the_same_bits(kind, flags, path):
+    """Integer sums are exact and the float epilogue is the same operations: the AVX2 build (no
+    VNNI: sign trick + vpmaddubsw) and the portable build return the native build's bits."""
+    if path == 1 and "avx2" not in ggml.cpu_flags().split():
+        pytest.skip("this CPU has no AVX2")
+    lib = ggml.load(ggml.build(flags))
+    assert lib.ggml_q8_kernels_vnni() == 0 and lib.ggml_q8_kernels_path() == path
+    for n in (48, 67):
+        assert torch.equal(_check_q8_kernel(kind, n, lib), _check_q8_kernel(kind, n))
+
+
+def test_q8_avx2_sign_trick_is_exact_at_the_extremes():
+    """Q8_0 weights of -128 and 127 against activations of +-127 (the largest pair sums the
+    16-bit step sees): the AVX2 build's integers must not saturate."""
+    if "avx2" not in ggml.cpu_flags().split():
+        pytest.skip("this CPU has no AVX2")
+    bw = ggml.recover(gguf_weight("q8_0", 16, 64, seed=3))
+    bw.qs[:8] = -128
+    bw.qs[8:] = 127
+    qw = ggml_q8.pack(bw)
+    x = torch.full((2, 64), 1.0)
+    x[1, ::2] = -1.0
     lib = ggml.load(ggml.build(("-mno-avx512f",)))
-    assert lib.ggml_q8_kernels_vnni() == 0
-    assert torch.equal(_check_q8_kernel(kind, 48, lib), _check_q8_kernel(kind, 48))
+    portable = ggml.load(ggml.build(("-mno-avx512f", "-mno-avx2")))
+    got = ggml_q8.linear(x, qw, None, lib)
+    assert torch.equal(got, ggml_q8.linear(x, qw, None, portable))
+    torch.testing.assert_close(got, ggml_q8.reference(x, bw, None), rtol=1e-5, atol=1e-5)
 
 
 def test_q8_packing_layout():

@@ -53,6 +53,48 @@ static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
     *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), vd);
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (e.g. AMD Zen 3, most Intel client CPUs): 16 lanes as two 8-lane registers. Every lane
+ * does the portable build's operations (a multiply then an add to dequantize, fused multiply-
+ * adds, the same pairwise horizontal sum), so this build returns the portable build's bits. */
+#include <immintrin.h>
+
+typedef struct { __m256 a, b; } vec; /* lanes 0-7, 8-15 */
+static inline vec vzero(void) { vec r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+static inline vec vload(const float *p) { vec r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
+static inline vec vfma(vec a, vec b, vec c) {
+    vec r = {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
+    return r;
+}
+static inline float vsum(vec a) {
+    /* the portable order: s[i] += s[i+8], then +4, +2, +1 */
+    const __m256 s8 = _mm256_add_ps(a.a, a.b);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+static inline __m256 q_to_ps(__m128i q8) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q8)); }
+static inline void dequant_q4_1(const uint8_t *q, float d, float m, vec *lo, vec *hi) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)q), mask = _mm_set1_epi8(0x0F);
+    const __m128i l = _mm_and_si128(b, mask), h = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    /* a multiply, then an add (intrinsics are never contracted): gguf-py's float32 weights */
+    lo->a = _mm256_add_ps(_mm256_mul_ps(q_to_ps(l), vd), vm);
+    lo->b = _mm256_add_ps(_mm256_mul_ps(q_to_ps(_mm_srli_si128(l, 8)), vd), vm);
+    hi->a = _mm256_add_ps(_mm256_mul_ps(q_to_ps(h), vd), vm);
+    hi->b = _mm256_add_ps(_mm256_mul_ps(q_to_ps(_mm_srli_si128(h, 8)), vd), vm);
+}
+static inline __m256 q8_to_ps(const int8_t *q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+static inline void dequant_q8_0(const int8_t *q, float d, vec *lo, vec *hi) {
+    const __m256 vd = _mm256_set1_ps(d);
+    lo->a = _mm256_mul_ps(q8_to_ps(q), vd);
+    lo->b = _mm256_mul_ps(q8_to_ps(q + 8), vd);
+    hi->a = _mm256_mul_ps(q8_to_ps(q + 16), vd);
+    hi->b = _mm256_mul_ps(q8_to_ps(q + 24), vd);
+}
+
 #else /* portable: 16 float lanes as a struct; same operations, same order within this build */
 typedef struct { float v[16]; } vec;
 static inline vec vzero(void) { vec r; memset(&r, 0, sizeof r); return r; }
@@ -242,6 +284,17 @@ STRIPE_TILE(q8_stripe, Q8_REC, dequant_q8_0((const int8_t *)(rec + 4), ((const f
 LINEAR(ggml_linear_q4_1, q4, uint8_t, Q4_BYTES, Q4_REC, 8)
 LINEAR(ggml_linear_q8_0, q8, int8_t, Q8_BYTES, Q8_REC, 8)
 LINEAR(ggml_linear_f32, f32, float, F32_VALUES, F32_REC, 4)
+
+/* which path this build compiled: 2 AVX-512, 1 AVX2, 0 portable */
+int ggml_kernels_path(void) {
+#if defined(__AVX512F__)
+    return 2;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 int ggml_kernels_avx512(void) {
 #if defined(__AVX512F__)

@@ -122,27 +122,67 @@ static inline __attribute__((always_inline)) void tile(int q4, int R, int nb, co
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (long)r * ldy, _mm512_add_ps(acc[r], bv));
 }
 
-#else /* portable: the same integers and the same float operations, one lane at a time */
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (no VNNI, e.g. AMD Zen 3, most Intel client CPUs): vpmaddubsw multiplies unsigned by
+ * signed bytes into saturating 16-bit pair sums, so the weight side must stay below 128 in
+ * magnitude: Q8_0's stored q+128 is turned back into q (xor 0x80) and llama.cpp's sign trick
+ * moves q's sign onto x (|q| * sign(q)x: |q| <= 128, |x| <= 127, a pair sum <= 32512, exact);
+ * Q4_1's nibbles (0..15) are unsigned already. vpmaddwd then adds pairs into 32-bit sums: the
+ * same exact integers as the VNNI path, and the same float epilogue, so the same bits. */
+#include <immintrin.h>
 
-static void quantize_rows(const float *x, int M, int K, int8_t *qx, float *dx, float *sx, int32_t *sq) {
-    const int nb = K / BLOCK;
-    for (long i = 0; i < (long)M * nb; i++) {
-        const float *v = x + i * BLOCK;
-        float amax = 0.0f, id;
-        for (int j = 0; j < BLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
-        const float d = block_scale(amax, &id);
-        int32_t s = 0;
-        for (int j = 0; j < BLOCK; j++) {
-            float q = rintf(v[j] * id);
-            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
-            qx[i * BLOCK + j] = (int8_t)q;
-            s += (int32_t)q;
+/* one group of 16 output rows (two halves of 8) against R rows of x */
+static inline __attribute__((always_inline)) void tile(int q4, int R, int nb, const uint8_t *recs, const int8_t *qx,
+                                                       const float *dx, const float *sx, const int32_t *sq,
+                                                       const float *bias, float *y, int ldy) {
+    (void)sq; /* the sign trick needs no offset correction */
+    __m256 acc[RMAX][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const long rec_size = q4 ? Q4_REC : Q8_REC;
+    const __m256i ones = _mm256_set1_epi16(1), lo = _mm256_set1_epi8(0x0F), off = _mm256_set1_epi8((char)0x80);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *rec = recs + b * rec_size;
+        if (R >= 4)
+            for (int l = 0; l < rec_size; l += 64) _mm_prefetch((const char *)rec + 3072 + l, _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8], ws[8]; /* w: the unsigned operand; ws: the sign donor (Q8_0 only) */
+            for (int c = 0; c < 8; c++) {
+                if (q4) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + LANES * 8 + 64 * (c & 3) + 32 * h));
+                    w[c] = c < 4 ? _mm256_and_si256(v, lo) : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+                } else {
+                    ws[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rec + LANES * 4 + 64 * c + 32 * h)), off);
+                    w[c] = _mm256_sign_epi8(ws[c], ws[c]);
+                }
+            }
+            const __m256 dw = _mm256_loadu_ps((const float *)rec + 8 * h);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const int32_t *xq = (const int32_t *)(qx + ((long)r * nb + b) * BLOCK);
+                __m256i is = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m256i xv = _mm256_set1_epi32(xq[c]);
+                    if (!q4) xv = _mm256_sign_epi8(xv, ws[c]);
+                    is = _mm256_add_epi32(is, _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], xv), ones));
+                }
+                const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(dx[(long)r * nb + b]));
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), s, acc[r][h]);
+                if (q4)
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)rec + LANES + 8 * h),
+                                                _mm256_set1_ps(sx[(long)r * nb + b]), acc[r][h]);
+            }
         }
-        dx[i] = d;
-        sq[i] = s;
-        sx[i] = d * (float)s;
+    }
+    for (int h = 0; h < 2; h++) {
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * h) : _mm256_setzero_ps();
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (long)r * ldy + 8 * h, _mm256_add_ps(acc[r][h], bv));
     }
 }
+
+#else /* portable: the same integers and the same float operations, one lane at a time */
+
 static inline void tile(int q4, int R, int nb, const uint8_t *recs, const int8_t *qx, const float *dx,
                         const float *sx, const int32_t *sq, const float *bias, float *y, int ldy) {
     const long rec_size = q4 ? Q4_REC : Q8_REC;
@@ -176,6 +216,29 @@ static inline void tile(int q4, int R, int nb, const uint8_t *recs, const int8_t
             }
             y[(long)r * ldy + l] = acc + (bias ? bias[l] : 0.0f);
         }
+}
+#endif
+
+#if !(defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__))
+/* the activations' quantization, one lane at a time (the AVX2 and portable builds) */
+static void quantize_rows(const float *x, int M, int K, int8_t *qx, float *dx, float *sx, int32_t *sq) {
+    const int nb = K / BLOCK;
+    for (long i = 0; i < (long)M * nb; i++) {
+        const float *v = x + i * BLOCK;
+        float amax = 0.0f, id;
+        for (int j = 0; j < BLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        const float d = block_scale(amax, &id);
+        int32_t s = 0;
+        for (int j = 0; j < BLOCK; j++) {
+            float q = rintf(v[j] * id);
+            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+            qx[i * BLOCK + j] = (int8_t)q;
+            s += (int32_t)q;
+        }
+        dx[i] = d;
+        sq[i] = s;
+        sx[i] = d * (float)s;
+    }
 }
 #endif
 
@@ -232,6 +295,17 @@ void ggml_q8_linear_q4_1(const float *x, int M, int K, const uint8_t *packed, in
 void ggml_q8_linear_q8_0(const float *x, int M, int K, const uint8_t *packed, int N, const float *bias, float *y,
                          int nthreads) {
     linear(0, x, M, K, packed, N, bias, y, nthreads);
+}
+
+/* which path this build compiled: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
+int ggml_q8_kernels_path(void) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return 2;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 int ggml_q8_kernels_vnni(void) {
