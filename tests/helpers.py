@@ -117,3 +117,28 @@ def start_cli(args: list[str], data_dir, **env_extra) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "specbench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def write_released(path: Path, state: dict, config: dict, fmt: str = "safetensors", embed=None, drop=None, rename=None,
+                   conf=None, state_fix=None) -> dict:
+    """A synthetic released draft (EAGLE, EAGLE-3) in its authors' layout: config.json (`config`
+    updated by `conf`) and the weights as model.safetensors or pytorch_model.bin, after the edits
+    a bad-release test asks for: `embed` added as embed_tokens.weight (SpecForge keeps it), key
+    `drop` removed, key rename[0] renamed rename[1], `state_fix(state)`. Returns the saved state."""
+    state = {k: v.clone() for k, v in state.items()}
+    if embed is not None:
+        state["embed_tokens.weight"] = embed.detach().clone()
+    if drop:
+        state.pop(drop)
+    if rename:
+        state[rename[1]] = state.pop(rename[0])
+    if state_fix:
+        state_fix(state)
+    (path / "config.json").write_text(json.dumps(config | (conf or {})))
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, str(path / "model.safetensors"))
+    else:
+        torch.save(state, path / "pytorch_model.bin")
+    return state

@@ -2,7 +2,6 @@
 target, training lowers the loss, the head sees at decode time the pairs it was trained on, a
 checkpoint reloads identically, and the authors' released format loads (bad ones: one line)."""
 
-import json
 import math
 import random
 
@@ -16,7 +15,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.train.eagle import eagle_loss, soft_cross_entropy, train_eagle
 from specbench.train.trainers import TRAINERS
-from tests.helpers import ar_tokens, build, method_cfg, tiny_model
+from tests.helpers import ar_tokens, build, method_cfg, tiny_model, write_released
 from tests.test_medusa import E2E_SAMPLING, check_sampling_matches_target, tiny_sequences, train_cfg
 
 TARGETS = [{}, {"init_std": 0.1}, {"init_std": 0.1, "num_layers": 2}]
@@ -199,26 +198,13 @@ def test_missing_head_error(tmp_path, monkeypatch):
         build("eagle", tiny_model(), method_cfg("eagle"))
 
 
-def released(tmp_path, target, fmt="safetensors", drop=None, rename=None, conf=None, with_embed=True):
+def released(tmp_path, target, fmt="safetensors", with_embed=True, **edits):
     """A synthetic head in the authors' layout: config.json + weights named fc.*, layers.0.*."""
     torch.manual_seed(1)
-    state = {k: v.clone() for k, v in EagleHead(target).state_dict().items()}
-    if with_embed:
-        state["embed_tokens.weight"] = target.embed_tokens.weight.detach().clone()
-    if drop:
-        state.pop(drop)
-    if rename:
-        state[rename[1]] = state.pop(rename[0])
     cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": target.hidden_size, "num_hidden_layers": 1,
            "num_attention_heads": target.config.num_attention_heads, "vocab_size": target.vocab_size, "bias": True}
-    (tmp_path / "config.json").write_text(json.dumps(cfg | (conf or {})))
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        save_file(state, str(tmp_path / "model.safetensors"))
-    else:
-        torch.save(state, tmp_path / "pytorch_model.bin")
-    return state
+    embed = target.embed_tokens.weight if with_embed else None
+    return write_released(tmp_path, EagleHead(target).state_dict(), cfg, fmt, embed=embed, **edits)
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])

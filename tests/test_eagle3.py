@@ -15,7 +15,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods.eagle3_head import Eagle3Head, check_maps, tap_layers, vocab_maps
 from specbench.train.eagle3 import draft_vocabulary, eagle3_loss, train_eagle3, ttt_mask, ttt_unroll
 from specbench.train.trainers import TRAINERS
-from tests.helpers import ar_tokens, build, method_cfg, tiny_model
+from tests.helpers import ar_tokens, build, method_cfg, tiny_model, write_released
 from tests.test_eagle import oracle, target_topk
 from tests.test_medusa import E2E_SAMPLING, check_sampling_matches_target, tiny_sequences, train_cfg
 
@@ -191,29 +191,15 @@ def test_loss_is_soft_cross_entropy_over_the_draft_vocabulary():
     assert float(loss) == pytest.approx(float(want), rel=1e-5) and counted == 5
 
 
-def released(tmp_path, target, fmt="safetensors", dv=32, drop=None, rename=None, conf=None, with_embed=False, state_fix=None):
+def released(tmp_path, target, fmt="safetensors", dv=32, with_embed=False, **edits):
     """A synthetic EAGLE-3 draft in the authors' layout: config.json + fc/midlayer/norm/lm_head/d2t/t2d."""
     torch.manual_seed(1)
     vocab = torch.randperm(target.vocab_size)[:dv]
-    state = {k: v.clone() for k, v in Eagle3Head(target, tap_layers(target.num_layers), vocab).state_dict().items()}
-    if with_embed:  # SpecForge keeps the embedding in its state
-        state["embed_tokens.weight"] = target.embed_tokens.weight.detach().clone()
-    if drop:
-        state.pop(drop)
-    if rename:
-        state[rename[1]] = state.pop(rename[0])
-    if state_fix:
-        state_fix(state)
+    state = Eagle3Head(target, tap_layers(target.num_layers), vocab).state_dict()
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": target.hidden_size, "num_hidden_layers": 1,
            "vocab_size": target.vocab_size, "draft_vocab_size": dv, "num_attention_heads": target.config.num_attention_heads}
-    (tmp_path / "config.json").write_text(json.dumps(cfg | (conf or {})))
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        save_file(state, str(tmp_path / "model.safetensors"))
-    else:
-        torch.save(state, tmp_path / "pytorch_model.bin")
-    return state
+    embed = target.embed_tokens.weight if with_embed else None  # SpecForge keeps the embedding in its state
+    return write_released(tmp_path, state, cfg, fmt, embed=embed, **edits)
 
 
 @pytest.mark.parametrize("fmt, with_embed", [("safetensors", False), ("bin", False), ("safetensors", True)])

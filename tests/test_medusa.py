@@ -88,6 +88,14 @@ def test_sparse_tree_config():
     assert g.steps and all(x.drafted == 3 and x.candidates == 5 and x.verified == 6 for x in g.steps)
 
 
+def test_bad_trees_are_one_line():
+    """The same checks as Hydra's (one helper serves both, methods/medusa.py paths_tree)."""
+    with pytest.raises(SpecBenchError, match="medusa tree depth 3 exceeds num_heads=2"):
+        build("medusa", tiny_model(), method_cfg("medusa", allow_untrained=True, num_heads=2, tree=[[0], [0, 0], [0, 0, 0]]))
+    with pytest.raises(SpecBenchError, match=r"medusa method.tree: .*no parent"):
+        build("medusa", tiny_model(), method_cfg("medusa", allow_untrained=True, tree=[[0], [1, 0]]))
+
+
 def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)

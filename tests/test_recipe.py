@@ -6,6 +6,7 @@ learning-rate schedule, the held-out curve and its plot."""
 import hashlib
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -125,10 +126,38 @@ def test_a_resume_state_of_another_setting_is_ignored(data_dir, tmp_path, monkey
 
 @pytest.mark.parametrize("method", ["space", "medusa2"])
 def test_evaluations_do_not_change_the_weights(method, data_dir, tmp_path, monkeypatch):
-    """The held-out evaluations draw no randomness the training uses (SPACE's cuts, dropout)."""
+    """End to end: eval_every changes none of the weights (SPACE's held-out cuts come from their own
+    Random, Medusa-2's LoRA dropout is off while evaluating; the loop's restore is tested below)."""
     a = train_in(tmp_path / "a", monkeypatch, cfg_for(data_dir, method, "train.eval_every=1"))
     b = train_in(tmp_path / "b", monkeypatch, cfg_for(data_dir, method, "train.eval_every=null"))
     assert_same_state(a, b)
+
+
+def test_an_evaluation_leaves_the_training_randomness_alone(data_dir):
+    """The loop's contract (loop._quiet_eval), tested with an evaluation that does draw randomness
+    (the trainers' own evaluations draw none, so the test above passes without the restore): the
+    weights a run ends with do not depend on train.eval_every."""
+    tcfg = cfg_for(data_dir, "eagle").train
+    seqs = [([1, 2, 3, 4], 1)] * 6
+
+    def run(every):
+        torch.manual_seed(0)
+        lin, rng = torch.nn.Linear(4, 4), random.Random(0)
+
+        def loss_fn(ids, labels):  # dropout (torch's RNG) and a random cut (the trainer's own Random)
+            x = torch.nn.functional.dropout(torch.ones(len(ids), 4), 0.5) * rng.random()
+            return lin(x).pow(2).mean(), (1, 1)
+
+        def evaluate():
+            torch.rand(3), rng.random()
+            return {"loss": 0.0, "acceptance": [0.0]}
+
+        tcfg.eval_every = every
+        loop.train_loop("t", list(lin.parameters()), loss_fn, seqs, tcfg, 0, "cpu", eval_fn=evaluate, rngs=[rng])
+        return lin.state_dict()
+
+    a, b = run(1), run(None)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("method,depths", [("medusa2", 2), ("eagle3", 3), ("hydra", 2)])

@@ -1,6 +1,7 @@
 """`make setup`'s helpers: pip runs only for what is missing; system packages are named in one line."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,23 @@ def test_system_deps_quiet_when_present(tmp_path):
     r = subprocess.run(["/bin/sh", str(REPO / "tools" / "system_deps.sh")], capture_output=True, text=True,
                        env={**os.environ, "PATH": str(bin_)}, timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+def test_system_deps_installed_as_root(tmp_path):
+    """Root with apt-get: what is missing is installed (here a stand-in apt-get that puts the tools on
+    PATH), one line says so, and no warning follows."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "id").write_text("#!/bin/sh\necho 0\n")
+    tool = "#!/bin/sh\nexit 0\n"
+    (bin_ / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'apt.log'}\n"
+                                  f"[ \"$1\" = install ] && for t in bwrap cc; do printf '{tool}' > {bin_}/$t; chmod 755 {bin_}/$t; done\n"
+                                  "exit 0\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    (bin_ / "chmod").symlink_to(shutil.which("chmod"))  # PATH is bin_ alone: the host's bwrap and cc stay hidden
+    r = subprocess.run(["/bin/sh", str(REPO / "tools" / "system_deps.sh")], capture_output=True, text=True,
+                       env={**os.environ, "PATH": str(bin_)}, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "")
+    assert r.stderr.splitlines() == ["specbench setup: apt-get install bubblewrap gcc"]
+    assert "install -y -qq bubblewrap gcc" in (tmp_path / "apt.log").read_text()

@@ -20,7 +20,7 @@ fi
 
 missing=""
 if ! command -v bwrap >/dev/null 2>&1; then
-    missing="bubblewrap (HumanEval code then runs unisolated and tests/test_sandbox.py fails)"
+    missing="bubblewrap (task=humaneval then stops unless task.allow_unisolated=true; tests/test_sandbox.py fails)"
 elif ! bwrap_ok; then
     missing="a bwrap that can create namespaces (installed, but refused here, e.g. in an unprivileged container: tests/test_sandbox.py fails)"
 fi

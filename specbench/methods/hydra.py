@@ -34,7 +34,7 @@ from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.hydra_heads import load_heads
-from specbench.models import published
+from specbench.methods.medusa import paths_tree
 
 
 @dataclass
@@ -68,13 +68,7 @@ def build_tree(cfg, num_heads: int) -> TokenTree:
     paths = cfg.get("tree")
     if not paths:
         raise SpecBenchError("hydra needs method.tree: candidate paths in Medusa's choices format, e.g. [[0],[1],[0,0]]")
-    try:
-        tree = TokenTree.from_paths(published.medusa_tree(paths) if isinstance(paths, str) else [list(p) for p in paths])
-    except (ValueError, TypeError) as e:
-        raise SpecBenchError(f"hydra method.tree: {e}") from None
-    if tree.max_depth > num_heads:
-        raise SpecBenchError(f"hydra tree depth {tree.max_depth} exceeds num_heads={num_heads}")
-    return tree
+    return paths_tree(paths, num_heads, "hydra")
 
 
 @register_method

@@ -155,16 +155,14 @@ def build_tree(cfg, num_heads: int, settings: dict | None, published_tree: list 
     with published heads (they store no accuracies), used unless a tree is given."""
     n_acc, paths, sizes = cfg.get("tree_from_accuracies"), cfg.get("tree"), cfg.get("sizes")
     if published_tree is not None and not paths:
-        return _checked(TokenTree.from_paths(published_tree), num_heads)
+        return _checked(TokenTree.from_paths(published_tree), num_heads, "medusa")
     given = [k for k, v in (("tree_from_accuracies", n_acc), ("tree", paths), ("sizes", sizes)) if v]
     if len(given) > 1:
         raise SpecBenchError(f"medusa: set only one of method.{', method.'.join(given)} (the others =null); "
                              "the default is tree_from_accuracies (the paper's sparse tree)")
-    if isinstance(paths, str):
-        tree = TokenTree.from_paths(published.medusa_tree(paths))
-    elif paths:
-        tree = TokenTree.from_paths([list(p) for p in paths])
-    elif sizes:
+    if paths:
+        return paths_tree(paths, num_heads, "medusa")
+    if sizes:
         tree = TokenTree.cartesian(list(sizes))
     elif n_acc:
         acc = (settings or {}).get("head_accuracy")
@@ -174,12 +172,23 @@ def build_tree(cfg, num_heads: int, settings: dict | None, published_tree: list 
         tree = TokenTree.from_accuracies(acc[:num_heads], int(n_acc))
     else:
         tree = TokenTree.cartesian([2, 2, 1, 1])
-    return _checked(tree, num_heads)
+    return _checked(tree, num_heads, "medusa")
 
 
-def _checked(tree: TokenTree, num_heads: int) -> TokenTree:
-    if tree.max_depth > num_heads:
-        raise SpecBenchError(f"medusa tree depth {tree.max_depth} exceeds num_heads={num_heads}")
+def paths_tree(paths, num_heads: int, name: str) -> TokenTree:
+    """The tree of `method.tree` for Medusa-style heads (medusa, hydra): Medusa's choices format
+    (a list of paths), a JSON file of paths or the name of a tree in an installed Medusa. A
+    malformed tree or one deeper than the heads is one line naming `name`."""
+    try:
+        tree = TokenTree.from_paths(published.medusa_tree(paths) if isinstance(paths, str) else [list(p) for p in paths])
+    except (ValueError, TypeError) as e:  # a path without its parent, a non-integer rank
+        raise SpecBenchError(f"{name} method.tree: {e}") from None
+    return _checked(tree, num_heads, name)
+
+
+def _checked(tree: TokenTree, num_heads: int, name: str) -> TokenTree:
+    if tree.max_depth > num_heads:  # head d drafts depth d: no head for a deeper node
+        raise SpecBenchError(f"{name} tree depth {tree.max_depth} exceeds num_heads={num_heads}")
     return tree
 
 
