@@ -57,8 +57,26 @@ def fingerprint(cfg: DictConfig) -> dict:
     c.pop("run_dir", None)
     if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
         c.pop("timing")
+    if not trains_on_first_use(c):
+        c.pop("train", None)
     fingerprint_engine(c)
     return c
+
+
+def trains_on_first_use(c: dict) -> bool:
+    """Whether the `train` group can change what the method runs with: only a method that trains
+    on first use (its conf has `train_if_missing`) reads it. For the others (PLD, REST, suffix ...)
+    it stays out of the identity, so a new first-use budget neither renames their default run dirs
+    nor refuses their resumption."""
+    return "train_if_missing" in (c.get("method") or {})
+
+
+def _same_training(old: dict, new: dict) -> bool:
+    """`train` differs only in a way that cannot matter: the old run recorded it before it left the
+    identity of methods that train nothing, or neither run loaded a trained artifact (the
+    artifacts themselves are compared by hash in `provenance`)."""
+    no_artifacts = not (old.get("provenance") or {}).get("artifacts") and not (new.get("provenance") or {}).get("artifacts")
+    return "train" not in new or no_artifacts
 
 
 # the files a run dir holds (a directory holding only these, or our config.json, is a run)
@@ -222,7 +240,8 @@ class RunDir:
         old = read_config(self.path, f"run dir {self.path} holds samples but no config.json, so they cannot be checked against "
                                      f"this configuration; {RECOVER}",
                           f"so the samples beside it cannot be checked; {RECOVER}")
-        diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k != "provenance")
+        ignored = {"provenance"} | ({"train"} if _same_training(old, fp) else set())
+        diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k not in ignored)
         if diff:
             raise SpecBenchError(
                 f"run dir {self.path} holds results of a different configuration (differs in: {', '.join(diff)}); "

@@ -60,6 +60,40 @@ def test_default_run_dirs_differ_by_setting_and_not_by_resumable_keys():
     assert composed("method=eesd", "task=gsm8k", "task.num_samples=2", hydra_config=True).run_dir == readme
 
 
+def test_the_train_group_names_only_runs_that_train():
+    """A new first-use budget (the `train` group) renamed and refused the run dirs of methods that
+    train nothing: PLD's 10 finished samples could not be resumed to 20 (session 12)."""
+    for m in ("pld", "suffix", "rest", "token_recycling", "lookahead"):
+        assert run_dir_of(f"method={m}") == run_dir_of(f"method={m}", "train.max_steps=7", "train.first_use.train.data.num_prompts=3")
+    assert run_dir_of("method=eesd") != run_dir_of("method=eesd", "train.first_use.train.data.num_prompts=3")
+
+
+def test_a_run_recorded_with_another_train_group_resumes_unless_it_loaded_artifacts(tmp_path, data_dir):
+    from specbench.rundir import RunDir
+
+    def recorded(method: str, train: dict | None, artifacts: dict) -> Path:
+        run_dir = tmp_path / f"{method}-{len(list(tmp_path.iterdir()))}"
+        cfg = make_cfg(run_dir, data_dir, f"method={method}")
+        RunDir(run_dir, cfg, provenance={"model": {}, "artifacts": artifacts}).release()
+        fp = json.loads((run_dir / "config.json").read_text())
+        fp["train"] = train  # as an older specbench, or another first-use budget, wrote it
+        (run_dir / "config.json").write_text(json.dumps(fp))
+        (run_dir / "samples.jsonl").write_text(json.dumps({"id": "s0", "method": {}, "ar": {}}) + "\n")
+        return run_dir
+
+    # PLD recorded `train` before it left its identity: resumes
+    run_dir = recorded("pld", {"max_steps": 3}, {})
+    RunDir(run_dir, make_cfg(run_dir, data_dir, "method=pld"), provenance={"model": {}, "artifacts": {}}).release()
+    # a method that trains, with no trained artifact loaded (untrained draft): the budget cannot matter
+    run_dir = recorded("vanilla_sd", {"max_steps": 3}, {})
+    RunDir(run_dir, make_cfg(run_dir, data_dir), provenance={"model": {}, "artifacts": {}}).release()
+    # one that loaded a trained artifact: another budget is another run
+    art = {"checkpoint": {"path": "/x", "sha256": "ab"}}
+    run_dir = recorded("vanilla_sd", {"max_steps": 3}, art)
+    with pytest.raises(SpecBenchError, match=r"different configuration \(differs in: train\)"):
+        RunDir(run_dir, make_cfg(run_dir, data_dir), provenance={"model": {}, "artifacts": art})
+
+
 def test_explicit_run_name_and_run_dir_win():
     assert run_dir_of("method=pld", "run_name=mine") == "results/runs/smollm2-135m/gsm8k/mine"
     assert run_dir_of("method=pld", "run_dir=/tmp/x/y") == "/tmp/x/y"
