@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -77,6 +78,12 @@ def _same_training(old: dict, new: dict) -> bool:
     artifacts themselves are compared by hash in `provenance`)."""
     no_artifacts = not (old.get("provenance") or {}).get("artifacts") and not (new.get("provenance") or {}).get("artifacts")
     return "train" not in new or no_artifacts
+
+
+def _name_stem(name) -> str | None:
+    """A run name without the 8-hex `${fingerprint:}` suffix: that part is derived from the keys
+    compared anyway, so a change of what the fingerprint holds (as above) must not refuse a run."""
+    return re.sub(r"-[0-9a-f]{8}$", "", name) if isinstance(name, str) else name
 
 
 # the files a run dir holds (a directory holding only these, or our config.json, is a run)
@@ -241,6 +248,8 @@ class RunDir:
                                      f"this configuration; {RECOVER}",
                           f"so the samples beside it cannot be checked; {RECOVER}")
         ignored = {"provenance"} | ({"train"} if _same_training(old, fp) else set())
+        if _name_stem(old.get("run_name")) == _name_stem(fp.get("run_name")):
+            ignored.add("run_name")
         diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k not in ignored)
         if diff:
             raise SpecBenchError(
