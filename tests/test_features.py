@@ -92,3 +92,24 @@ def test_a_damaged_cache_file_is_recomputed(capsys):
     path.write_bytes(b"garbage")
     b = features.target_features(target, seqs, ["final"], TCFG)
     assert "ignoring" in capsys.readouterr().out and torch.equal(a.feats, b.feats)
+
+
+def test_a_store_with_more_taps_serves_a_subset_without_a_prefill(monkeypatch, capsys):
+    """EAGLE-3's store (layers + final) serves EAGLE-2/Hydra/Medusa's "final" and any one layer:
+    the right columns, bit for bit what their own prefill stores; another dtype or other
+    sequences do not qualify."""
+    target = tiny_model()
+    seqs = tiny_sequences(4)
+    keys = [list(s[0][:32]) for s in seqs]
+    features.target_features(target, seqs, [0, 1, "final"], TCFG)
+    real = features.prefill
+    calls = []
+    monkeypatch.setattr(features, "prefill", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    for taps in (["final"], [1], ["final", 0]):
+        got = features.target_features(target, seqs, taps, TCFG).feats
+        assert torch.equal(got, real(target, keys, taps).to(torch.float16)), taps
+    assert calls == []  # the references above call the real prefill directly; the store made none
+    assert "columns of" in capsys.readouterr().out
+    features.target_features(target, seqs, ["final"], OmegaConf.merge(TCFG, {"feature_cache": "float32"}))
+    features.target_features(target, seqs[:3], ["final"], TCFG)
+    assert len(calls) == 2

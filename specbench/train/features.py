@@ -109,7 +109,10 @@ def target_features(target: ModelAdapter, sequences, taps, tcfg) -> FeatureStore
     path = cache_dir() / "features" / f"{safe_key(target.key)}-{key}.safetensors"
     width = len(taps) * target.hidden_size
     feats = _read(path, key, sum(len(k) for k in keys), width)
-    if feats is None:
+    if feats is None and (found := _from_superset(target, keys, taps, kind)) is not None:
+        feats, path = found
+        print(f"target features: the {[str(t) for t in taps]} columns of {path}", flush=True)
+    elif feats is None:
         feats = prefill(target, [list(k) for k in keys], taps).to(DTYPES[kind])
         meta = {"format": FORMAT, "key": key, "model": target.key, "taps": [str(t) for t in taps], "dtype": kind}
         atomic_write(path, lambda p: save_file({"features": feats.contiguous()}, str(p),
@@ -133,3 +136,25 @@ def _read(path, key: str, rows: int, width: int) -> torch.Tensor | None:
         print(f"target features: ignoring {path} ({type(e).__name__}); recomputing", flush=True)
         return None
     return feats if ok else None
+
+
+def _from_superset(target: ModelAdapter, keys: list[tuple], taps, kind: str):
+    """(features, path) from a cached store of the same sequences and dtype whose taps include
+    `taps`, cut to their columns; else None. The recipe trains EAGLE-3 (three layers + final)
+    and then EAGLE-2, Hydra and Medusa ("final") on the same text: one prefill serves them all."""
+    want, d = [str(t) for t in taps], target.hidden_size
+    for path in sorted((cache_dir() / "features").glob(f"{safe_key(target.key)}-*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {})["specbench"])
+                have = meta.get("taps") or []
+                if (meta.get("format") != FORMAT or meta.get("dtype") != kind or not set(want) <= set(have)
+                        or meta.get("key") != feature_key(target, keys, have, kind)):
+                    continue
+                feats = f.get_tensor("features")
+        except Exception:  # noqa: BLE001 - an unreadable file is not a source
+            continue
+        if tuple(feats.shape) == (sum(len(k) for k in keys), len(have) * d):
+            cols = torch.cat([torch.arange(have.index(t) * d, (have.index(t) + 1) * d) for t in want])
+            return feats[:, cols].contiguous(), path
+    return None
