@@ -12,7 +12,8 @@ tokens cut at train.max_len), the tap set and the storage dtype; every trainer a
 the same key reuses the file.
 
 `train.feature_cache`: `float16` (default; tests/test_features.py and tests/test_eesd_features.py
-show the loss within 1e-3 relative of the live computation on the tiny model), `float32`, or null (compute live, as before).
+show the loss within 1e-3 relative of the live computation on the tiny model), `float32`, or null
+(compute live, as before).
 
 A tap is a layer index i (the hidden state at the input of layer i, as EAGLE-3 reads it) or
 "final" (the final norm's output). A batch's rows are found by their tokens: the training loop
