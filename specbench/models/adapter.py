@@ -169,11 +169,13 @@ class ModelAdapter:
         return self._layer_loop(mods, first, hidden, cache, positions, tree_mask, skip)
 
     def run_layers_tapped(self, hidden: torch.Tensor, cache: KVCache | None, taps, positions=None,
-                          tree_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+                          tree_mask=None, stop: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer over `hidden`, as run_layers, plus the hidden states at the *input* of the
         layers `taps` (EAGLE-3's low/mid/high features; the authors' and vLLM's convention: tap i
         is what layer i reads = what layer i-1 wrote) concatenated in `taps`' order: [B, q, len(taps)*d].
-        The layers run in segments between taps: the same layers, caches and positions."""
+        The layers run in segments between taps: the same layers, caches and positions.
+        stop: the layers past the deepest tap are not run (the first returned tensor is then
+        that tap's state; a caller that only reads taps, as the feature cache for EESD)."""
         got: dict[int, torch.Tensor] = {}
         done = 0
         for i in sorted(set(int(t) for t in taps)):
@@ -181,7 +183,7 @@ class ModelAdapter:
                 hidden = self.run_layers(hidden, cache, done, i, positions=positions, tree_mask=tree_mask)
                 done = i
             got[i] = hidden
-        if done < self.num_layers:
+        if done < self.num_layers and not stop:
             hidden = self.run_layers(hidden, cache, done, None, positions=positions, tree_mask=tree_mask)
         return hidden, torch.cat([to_device(got[int(t)], hidden.device) for t in taps], -1)
 

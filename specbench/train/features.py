@@ -2,22 +2,25 @@
 
 Every trainer of a draft that reads the target's hidden states (EAGLE-2: the final-norm feature;
 EAGLE-3: the inputs of three layers and the final-norm feature its loss reads the target's
-distribution from; Hydra and Medusa: the final-norm feature) ran the whole frozen target over each
-batch at every optimiser step and again for every epoch, resumed run and held-out evaluation.
+distribution from; Hydra and Medusa: the final-norm feature; EESD: the input of layer n, and the
+final-norm feature for its Cali-TS examples) ran the frozen target (EESD: its first n layers) over
+each batch at every optimiser step and again for every epoch, resumed run and held-out evaluation.
 Here the target runs once over every sequence (a batched, right-padded prefill: causal attention
 keeps the real positions unaffected; never generation), and the features are stored in
 `<cache>/features/<key>.safetensors`, keyed by the model's identity, the sequences' hash (their
 tokens cut at train.max_len), the tap set and the storage dtype; every trainer and resumed run with
 the same key reuses the file.
 
-`train.feature_cache`: `float16` (default; tests/test_features.py shows the loss within 1e-3
-relative of the live computation on the tiny model), `float32`, or null (compute live, as before).
+`train.feature_cache`: `float16` (default; tests/test_features.py and tests/test_eesd_features.py
+show the loss within 1e-3 relative of the live computation on the tiny model), `float32`, or null
+(compute live, as before).
 
 A tap is a layer index i (the hidden state at the input of layer i, as EAGLE-3 reads it) or
 "final" (the final norm's output). A batch's rows are found by their tokens: the training loop
 hands the loss padded ids and labels; a row's length is its last labelled position + 2
 (loop.pad_batch), and its first that many tokens are the sequence. A row not in the store (a
-caller's own ids) is None: the caller computes it live.
+caller's own ids) is None: the caller computes it live. `FeatureStore.sequence` finds one whole
+sequence (EESD's Cali-TS examples read every position of it).
 """
 
 from __future__ import annotations
@@ -62,11 +65,19 @@ class FeatureStore:
             if not len(where):
                 continue
             n = int(where.max()) + 2
-            hit = self.index.get(tuple(ids[b, :n].tolist()))
-            if hit is None or hit[1] != n:
+            row = self.sequence(ids[b, :n].tolist())
+            if row is None:
                 return None
-            out[b, :n] = self.feats[hit[0]: hit[0] + n].to(self.dtype)
+            out[b, :n] = row
         return out.to(self.device)
+
+    def sequence(self, seq: list[int]) -> torch.Tensor | None:
+        """[len(seq), F] in the target's dtype (on the CPU) if `seq` is stored whole, else None
+        (a sequence longer than train.max_len is stored cut, so its tail is not here)."""
+        hit = self.index.get(tuple(seq))
+        if hit is None or hit[1] != len(seq):
+            return None
+        return self.feats[hit[0]: hit[0] + hit[1]].to(self.dtype)
 
 
 def feature_key(target: ModelAdapter, keys: list[tuple], taps, dtype: str) -> str:
@@ -83,7 +94,8 @@ def prefill(target: ModelAdapter, seqs: list[list[int]], taps, batch_size: int =
         batch = seqs[i: i + batch_size]
         width = max(len(s) for s in batch)
         ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in batch], device=target.device)
-        h, tapped = target.run_layers_tapped(target.embed(ids), None, layers or [0])
+        # without "final" nothing past the deepest tap is read (EESD's layer n): those layers are not run
+        h, tapped = target.run_layers_tapped(target.embed(ids), None, layers or [0], stop="final" not in taps)
         d = target.hidden_size
         parts, k = [], 0
         for t in taps:

@@ -1,7 +1,10 @@
 """Trainers for the trainable parts, all on the same self-distillation data.
 
 - `eesd`: the early-exit layer (+ norm, + head if not shared) on frozen first-N layers, then the
-  Cali-TS predictor from draft/target agreement labels on the same data.
+  Cali-TS predictor from draft/target agreement labels on the same data. The target's side (the
+  input of layer N; for Cali-TS also the final-norm state) comes from the feature cache
+  (train/features.py, `train.feature_cache`): one prefill instead of the first N layers at every
+  step and evaluation, and a whole target forward per sequence for the Cali-TS labels.
 - `vanilla_sd`: the separate draft model (the target's first layers, a copy) distilled on the
   same data, so vanilla SD on the embedded model has a trained draft as the paper's does.
 
@@ -22,6 +25,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
 from specbench.methods.vanilla_sd import draft_num_layers
 from specbench.models import ModelAdapter, truncated_copy
+from specbench.train.features import target_features
 from specbench.train.loop import (
     ce_loss,
     eval_loss,
@@ -65,11 +69,11 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     n = exit_.n_layers
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
 
+    cali = bool(tcfg.get("cali", True))
+    store = target_features(target, train + held, eesd_taps(n, cali), tcfg)
+
     def loss_fn(ids, labels):
-        with torch.no_grad():  # the first N layers are frozen: no graph through them
-            h_n = target.run_layers(target.embed(ids), None, 0, n)
-        logits, _ = exit_(target, h_n, None)
-        return ce_loss(logits, labels)
+        return eesd_loss(target, exit_, ids, labels, store)
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
@@ -81,20 +85,48 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     write_log(path, log, settings)
     print(f"eesd: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} ({stopped}); {path}")
     result = {"eesd": str(path), "held_out_loss": [before[0], after[0]], "held_out_agreement": [before[1], after[1]]}
-    if cfg.train.get("cali", True):
-        result.update(train_cali(target, exit_, cfg, train, held))
+    if cali:
+        result.update(train_cali(target, exit_, cfg, train, held, store))
     return result
 
 
+def eesd_taps(n: int, cali: bool) -> list:
+    """What the EESD trainer reads from the target (train/features.py taps): the input of layer n
+    (the exit layer's input), and for the Cali-TS examples the final-norm state too."""
+    return [n, "final"] if cali else [n]
+
+
+def eesd_loss(target: ModelAdapter, exit_, ids, labels, store=None):
+    """Cross-entropy of the exit layer's logits and (right, counted) agreement with the labels.
+    `store`: the target's cached features (eesd_taps; the layer-n tap first), None or a row not
+    stored: the frozen first n layers run here."""
+    d = target.hidden_size
+    h_n = store.batch(ids, labels) if store is not None else None
+    if h_n is None:
+        with torch.no_grad():  # the first N layers are frozen: no graph through them
+            h_n = target.run_layers(target.embed(ids), None, 0, exit_.n_layers)
+    else:
+        h_n = h_n[..., :d]
+    logits, _ = exit_(target, h_n, None)
+    return ce_loss(logits, labels)
+
+
 @torch.no_grad()
-def cali_features(target: ModelAdapter, exit_, seq: list[int]):
+def cali_features(target: ModelAdapter, exit_, seq: list[int], store=None):
     """Teacher-forced states of one sequence: (target's normed last hidden [T, d], draft's [T, d],
-    target's greedy token [T], draft's greedy token [T]), row p computed from seq[:p+1]."""
-    ids = torch.tensor([seq], device=target.device)
-    n = exit_.n_layers
-    h_n = target.run_layers(target.embed(ids), None, 0, n)
+    target's greedy token [T], draft's greedy token [T]), row p computed from seq[:p+1].
+    `store` (taps eesd_taps(n, True)): the target's two states read from it when it holds the
+    whole sequence; the draft's part is always computed (it is what was just trained)."""
+    n, d = exit_.n_layers, target.hidden_size
+    cached = store.sequence(seq) if store is not None else None
+    if cached is not None:
+        cached = cached.to(target.device).unsqueeze(0)
+        h_n, t_hidden = cached[..., :d], cached[..., d:]
+    else:
+        ids = torch.tensor([seq], device=target.device)
+        h_n = target.run_layers(target.embed(ids), None, 0, n)
+        t_hidden = target.norm(target.run_layers(h_n, None, n))
     d_logits, d_hidden = exit_(target, h_n, None)
-    t_hidden = target.norm(target.run_layers(h_n, None, n))
     return t_hidden[0], d_hidden[0], target.lm_head(t_hidden).argmax(-1)[0], d_logits.argmax(-1)[0]
 
 
@@ -110,12 +142,12 @@ def cali_pair(feats, t: int, i: int) -> tuple[torch.Tensor, torch.Tensor, int, f
 
 
 @torch.no_grad()
-def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: int, seed: int):
+def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: int, seed: int, store=None):
     """`cali_pair` examples at random (t, i) of each sequence's answer, stacked."""
     rng = random.Random(seed)
     th, dh, ii, lab = [], [], [], []
     for seq, start, *_ in tqdm(sequences, desc="cali-ts labels", unit="seq"):
-        feats = cali_features(target, exit_, seq)
+        feats = cali_features(target, exit_, seq, store)
         T = len(seq)
         for _ in range(per_seq):
             t = rng.randrange(max(0, start - 1), T - 1)
@@ -132,12 +164,12 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
     return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
 
 
-def train_cali(target: ModelAdapter, exit_, cfg, train, held) -> dict:
+def train_cali(target: ModelAdapter, exit_, cfg, train, held, store=None) -> dict:
 
     ccfg = cfg.train.cali_predictor
     exit_.eval()
-    ex = cali_examples(target, exit_, train, int(ccfg.max_i), int(ccfg.pairs_per_sequence), int(cfg.train.seed))
-    hx = cali_examples(target, exit_, held, int(ccfg.max_i), int(ccfg.pairs_per_sequence), int(cfg.train.seed) + 1)
+    ex = cali_examples(target, exit_, train, int(ccfg.max_i), int(ccfg.pairs_per_sequence), int(cfg.train.seed), store)
+    hx = cali_examples(target, exit_, held, int(ccfg.max_i), int(ccfg.pairs_per_sequence), int(cfg.train.seed) + 1, store)
     pred = CaliPredictor(target.hidden_size, int(ccfg.max_i))
     with torch.enable_grad():
         losses = pred.train_on(ex, epochs=int(ccfg.epochs), lr=float(ccfg.lr), batch_size=int(ccfg.batch_size),
