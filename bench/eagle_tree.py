@@ -1,4 +1,4 @@
-"""Figures of an EAGLE-2 run directory, with a cost model that charges the tree it verifies.
+"""Figures of an EAGLE-2 or EAGLE-3 run directory, with a cost model that charges the tree it verifies.
 
     python bench/eagle_tree.py results/runs/smollm2-135m/mt_bench/eagle-fixed
 
@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specbench.metrics import position_acceptance  # noqa: E402
+from specbench.metrics.acceptance import as_steps  # noqa: E402
 from specbench.metrics.costmodel import interp_cost  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def main(run_dir: Path) -> None:
     nodes = int(cfg["method"]["num_nodes"]) + 1
     t1 = interp_cost(costs, 1)
     draft_per_step = times.get("draft", 0.0) / len(steps)
-    chain = sum(draft_per_step + interp_cost(costs, d + 1) for d, _, _ in steps)
+    chain = sum(draft_per_step + interp_cost(costs, s.drafted + 1) for s in as_steps(steps))
     tree = len(steps) * (draft_per_step + interp_cost(costs, nodes))
     drafted, accepted = position_acceptance(steps)
     print(f"run: {run_dir}")
