@@ -63,6 +63,8 @@ def row(task: str, run: str, s: dict, verified: float | None = None) -> list[str
     acc, c = s.get("acceptance") or {}, s.get("cost_terms") or {}
     lossless = (s.get("meta") or {}).get("lossless", True)
     split = "–" if not c else f"{c.get('draft', 0):.2f} + {c.get('verify', 0):.2f} + {c.get('prefill', 0):.2f} = {c['total']:.2f}"
+    if c and not any(c.get(k) for k in ("draft", "verify", "prefill")):  # transformers' own loop: not split
+        split = f"not split = {c['total']:.2f}"
     return [task, run, _f(s["ar"]["tokens_per_s"], ".1f"),
             f"{_f(s['speedup'])}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
             f"{_f(s.get('predicted_speedup'))} / {_f(s.get('predicted_speedup_refit'))}",
@@ -72,16 +74,18 @@ def row(task: str, run: str, s: dict, verified: float | None = None) -> list[str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("suites", nargs="+", help="suite directories: <out>/<suite>")
+    ap.add_argument("suites", nargs="+", help="suite directories (<out>/<suite>) or directories of run dirs")
     args = ap.parse_args()
     rows = []
     for suite in args.suites:
-        for path in sorted(Path(suite).glob("*/*/samples.jsonl")):
+        # a suite's <task>/<run>/ dirs, or run dirs directly below (results/bench/eagle3/runs)
+        for path in sorted({*Path(suite).glob("*/*/samples.jsonl"), *Path(suite).glob("*/samples.jsonl")}):
             d = path.parent
             summary = d / "summary.json"
             s = json.loads(summary.read_text()) if summary.is_file() else partial_summary(d)
             name = d.name if summary.is_file() else f"{d.name} (stopped after {s['samples']})"
-            rows.append(row(d.parent.name, name, s, verified_per_step(d)))
+            task = (json.loads((d / "config.json").read_text()).get("task") or {}).get("name", d.parent.name)
+            rows.append(row(task, name, s, verified_per_step(d)))
     print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "verified / step", "tau", "=AR",
                     "draft + verify + prefill per token (AR = 1)", "interference"], rows))
 
