@@ -310,3 +310,15 @@ def test_real_runs_through_runner(tmp_path, data_dir, monkeypatch):
     s = json.loads((tmp_path / "runs/tiny-llama/gsm8k/vanilla_sd/summary.json").read_text())
     assert f"{s['speedup']:.2f}x" in md
     assert all(p.stat().st_size > 0 for p in out["plots"]) and out["plots"]
+
+
+def test_the_train_group_does_not_split_runs_of_a_method_that_trains_nothing(tmp_path):
+    """Runs of PLD recorded under two first-use budgets (the `train` group) are one system, as
+    their run dirs are one identity (specbench.rundir.trains_on_first_use); the eleventh and
+    twelfth sessions' report labelled Token Recycling's rows by the budget."""
+    root = tmp_path / "runs"
+    for seed, n in enumerate((48, 32)):
+        make_run(root, method="pld", seed=seed, name=f"pld-fixed-seed{seed}", extra={"train": {"max_sequences": n}})
+    report([root], tmp_path / "rep")
+    md = (tmp_path / "rep" / "tables.md").read_text()
+    assert "n=6" in md and "max_sequences" not in md

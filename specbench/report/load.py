@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.errors import SpecBenchError
-from specbench.rundir import OLD_MARK, read_finished
+from specbench.rundir import OLD_MARK, read_finished, trains_on_first_use
 
 # fingerprint keys that never make two runs different systems
 # (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up; measure.* are
@@ -195,6 +195,8 @@ def find_runs(dirs, allow_empty: bool = False) -> list[Run]:
             if summary.get("engine") == "vllm":  # per batch size, not per sample: specbench.vllm_engine.report
                 continue
             config, _ = read_finished(rd, summary)  # refuses a run in progress, damaged or mixed
+            if not trains_on_first_use(config):  # as the run's identity: `train` cannot matter to it
+                config = {k: v for k, v in config.items() if k != "train"}
             runs.append(Run(rd, summary, _flatten(config)))
     if not runs and not allow_empty:
         raise SpecBenchError("no run dirs (holding summary.json) under " + ", ".join(str(d) for d in dirs))
