@@ -135,19 +135,27 @@ def target_features(target: ModelAdapter, sequences, taps, tcfg) -> FeatureStore
     return FeatureStore(feats, keys, target.dtype, target.device)
 
 
+def _load(path, accept, say_damaged: bool = False):
+    """(metadata, features) of a store of ours whose metadata `accept` passes, else None. The
+    metadata is read first: a store of other taps or text is never loaded."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["specbench"])
+            if meta.get("format") != FORMAT or not accept(meta):
+                return None
+            return meta, f.get_tensor("features")
+    except Exception as e:  # noqa: BLE001 - a damaged cache file is recomputed, never trusted
+        if say_damaged:
+            print(f"target features: ignoring {path} ({type(e).__name__}); recomputing", flush=True)
+        return None
+
+
 def _read(path, key: str, rows: int, width: int) -> torch.Tensor | None:
     """The cached features if the file is ours, of this key and shape; else None (recompute)."""
     if not path.is_file():
         return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {})["specbench"])
-            feats = f.get_tensor("features")
-        ok = meta.get("format") == FORMAT and meta.get("key") == key and tuple(feats.shape) == (rows, width)
-    except Exception as e:  # noqa: BLE001 - a damaged cache file is recomputed, never trusted
-        print(f"target features: ignoring {path} ({type(e).__name__}); recomputing", flush=True)
-        return None
-    return feats if ok else None
+    got = _load(path, lambda meta: meta.get("key") == key, say_damaged=True)
+    return got[1] if got is not None and tuple(got[1].shape) == (rows, width) else None
 
 
 def _from_superset(target: ModelAdapter, keys: list[tuple], taps, kind: str):
@@ -155,17 +163,17 @@ def _from_superset(target: ModelAdapter, keys: list[tuple], taps, kind: str):
     `taps`, cut to their columns; else None. The recipe trains EAGLE-3 (three layers + final)
     and then EAGLE-2, Hydra and Medusa ("final") on the same text: one prefill serves them all."""
     want, d = [str(t) for t in taps], target.hidden_size
+
+    def covers(meta) -> bool:
+        have = meta.get("taps") or []
+        return (meta.get("dtype") == kind and set(want) <= set(have)
+                and meta.get("key") == feature_key(target, keys, have, kind))
+
     for path in sorted((cache_dir() / "features").glob(f"{safe_key(target.key)}-*.safetensors")):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = json.loads((f.metadata() or {})["specbench"])
-                have = meta.get("taps") or []
-                if (meta.get("format") != FORMAT or meta.get("dtype") != kind or not set(want) <= set(have)
-                        or meta.get("key") != feature_key(target, keys, have, kind)):
-                    continue
-                feats = f.get_tensor("features")
-        except Exception:  # noqa: BLE001 - an unreadable file is not a source
+        got = _load(path, covers)
+        if got is None:
             continue
+        have, feats = got[0]["taps"], got[1]
         if tuple(feats.shape) == (sum(len(k) for k in keys), len(have) * d):
             cols = torch.cat([torch.arange(have.index(t) * d, (have.index(t) + 1) * d) for t in want])
             return feats[:, cols].contiguous(), path
