@@ -33,7 +33,8 @@ def read_curve(path: Path) -> tuple[str, list[dict]]:
     if not points:
         fail(f"{path} holds no held-out evaluation (train.eval_every was null)")
     method = (settings.get("method") or {}).get("name") or Path(path).parent.name
-    return f"{method} ({Path(path).stem.split('.')[0][-10:]})", points
+    name = Path(path).stem.split(".")[0]  # a cache file's is <model key>-<structure hash>: its hash is enough
+    return f"{method} ({name if len(name) <= 24 else name[-10:]})", points
 
 
 def plot(curves: list[tuple[str, list[dict]]], out: Path) -> Path:
@@ -42,18 +43,21 @@ def plot(curves: list[tuple[str, list[dict]]], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in curves:
+    # one colour per log, one line style per depth: several multi-depth logs stay readable
+    styles = ["-", "--", ":", "-.", (0, (1, 3))]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for i, (label, points) in enumerate(curves):
         depths = max(len(p["acceptance"]) for p in points)
         for d in range(depths):
             xs = [p["step"] for p in points if len(p["acceptance"]) > d]
             ys = [p["acceptance"][d] for p in points if len(p["acceptance"]) > d]
-            ax.plot(xs, ys, marker="o", markersize=3, label=f"{label} depth {d + 1}" if depths > 1 else label)
+            ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i % 10}", linestyle=styles[d % len(styles)],
+                    label=f"{label} depth {d + 1}" if depths > 1 else label)
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("held-out top-1 agreement with the target")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("acceptance vs training steps")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
