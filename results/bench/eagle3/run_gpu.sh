@@ -20,3 +20,6 @@ wait
 # afterwards: the 3-node tree on another 20 GSM8K test questions (task.seed=1; the tree was picked on 5 of seed 0's)
 # CORE=1 bash cells.sh "gsm8k:eagle3:20:gsm8k-eagle3-gpu-t3-seed1:$T3,task.seed=1"
 # CORE=0 bash cells.sh "gsm8k:eagle:20:gsm8k-eagle-gpu-t3-seed1:$T3,task.seed=1"
+# then ggml_q8 on MT-Bench and HumanEval, the 3-node tree only:
+# CORE=1 bash cells.sh "mt_bench:eagle3:20:mt_bench-eagle3-gpu-t3-q8:$T3,model.backend=ggml_q8" "humaneval:eagle3:20:humaneval-eagle3-gpu-t3-q8:$T3,model.backend=ggml_q8"
+# CORE=0 bash cells.sh "mt_bench:eagle:20:mt_bench-eagle-gpu-t3-q8:$T3,model.backend=ggml_q8" "humaneval:eagle:20:humaneval-eagle-gpu-t3-q8:$T3,model.backend=ggml_q8"
