@@ -38,6 +38,19 @@ from specbench.tasks import build_task
 from specbench.tasks.base import Sample
 from specbench.warmup import warm_up
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; else what the platform says): two hosts whose
+    runs must not be pooled (an AVX2 EPYC and an AMX Xeon: 1.10x vs 1.62x for the same method)
+    have the same machine, processor, core count and hostname here."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict:
     import transformers
 
@@ -47,6 +60,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "hostname": platform.node(),

@@ -322,3 +322,39 @@ def test_the_train_group_does_not_split_runs_of_a_method_that_trains_nothing(tmp
     report([root], tmp_path / "rep")
     md = (tmp_path / "rep" / "tables.md").read_text()
     assert "n=6" in md and "max_sequences" not in md
+
+
+def _set_env(run_dir: Path, **env) -> None:
+    s = json.loads((run_dir / "summary.json").read_text())
+    s["meta"]["env"] = {**s["meta"]["env"], **env}
+    (run_dir / "summary.json").write_text(json.dumps(s))
+
+
+def test_runs_on_two_cpu_models_are_two_systems(tmp_path):
+    """SuffixDecoding measured 1.10x on an AVX2 EPYC and 1.62x on an AMX Xeon, hosts whose recorded
+    machine, processor, core count and hostname were the same: the session-14 report pooled the two
+    as repeats of one system (1.36x +- 0.36). The CPU model (runner.cpu_model) now tells them apart;
+    runs that predate it are 'unrecorded'."""
+    root = tmp_path / "runs"
+    a, _ = make_run(root, method="pld", seed=0, name="pld-fixed-seed0", m_tps=(110.0, 110.0, 110.0))
+    b, _ = make_run(root, method="pld", seed=1, name="pld-fixed-seed1", m_tps=(160.0, 160.0, 160.0))
+    c, _ = make_run(root, method="pld", seed=2, name="pld-fixed-other", m_tps=(120.0, 120.0, 120.0))
+    _set_env(a, cpu_model="AMD EPYC 7B13")
+    _set_env(b, cpu_model="Intel(R) Xeon(R) Processor")
+    with pytest.raises(SpecBenchError, match="differ in hardware"):  # declared repeats (-seed<N>) on two hosts
+        report([root], tmp_path / "rep")
+    b.rename(root / "tiny-llama" / "gsm8k" / "pld-fixed-xeon")
+    report([root], tmp_path / "rep")
+    md = (tmp_path / "rep" / "tables.md").read_text()
+    assert "hardware=AMD EPYC 7B13" in md and "hardware=Intel(R) Xeon(R) Processor" in md
+    assert "hardware=unrecorded" in md  # c: an older run, no cpu_model
+    assert "x ± " not in md  # nothing pooled across hosts (a pooled cell reads "1.36x ± 0.36")
+    assert "1.10x" in md and "1.60x" in md and "1.20x" in md
+
+
+def test_environment_records_the_cpu_model():
+    from specbench.runner import cpu_model, environment
+
+    assert environment()["cpu_model"] == cpu_model() and cpu_model()
+    if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():
+        assert cpu_model() not in ("x86_64", "aarch64")

@@ -27,6 +27,7 @@ SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
 # provenance.artifacts.<key> and make systems differ
 WEIGHTS = "provenance.model."
 ARTIFACTS = "provenance.artifacts."
+UNRECORDED = "unrecorded"
 
 
 def _flatten(d, prefix=""):
@@ -132,9 +133,17 @@ class Run:
     def setting(self) -> tuple:
         return (self.model_identity(), self.task, self.max_new_tokens, self.sampling)
 
+    @property
+    def hardware(self) -> str:
+        """The device the run measured on: the GPU's name, else the CPU's model (runner.cpu_model);
+        "unrecorded" for runs written before the CPU model was kept."""
+        env = self.meta.get("env") or {}
+        return str(env.get("gpu") or env.get("cpu_model") or UNRECORDED)
+
     def variant(self) -> dict:
-        """Config keys that make a system (everything but the setting and the neutral keys)."""
-        out = {}
+        """Config keys that make a system (everything but the setting and the neutral keys), and
+        the hardware: the same method on two machines is two systems, never pooled as repeats."""
+        out = {"hardware": self.hardware}
         for k, v in self.config.items():
             top = k.split(".")[0]
             if _is_neutral(k) or top in ("model", "task", "sampling", "max_new_tokens") or k.startswith(WEIGHTS):
@@ -231,7 +240,7 @@ def footer_text(runs: list[Run], sep: str = " | ", labels: dict | None = None) -
     """Model, hardware, dtype, versions and sample counts, from the runs' stored meta."""
     env = [r.meta.get("env", {}) for r in runs]
     hw = _uniq(
-        (e.get("gpu") or f"{e.get('processor', '?')} CPU x{e.get('cpu_count', '?')}") + f" ({r.meta.get('device', '?')})"
+        (e.get("gpu") or f"{e.get('cpu_model') or e.get('processor', '?')} CPU x{e.get('cpu_count', '?')}") + f" ({r.meta.get('device', '?')})"
         for e, r in zip(env, runs)
     )
     counts = defaultdict(list)
