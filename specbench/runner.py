@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench.config import validate
+from specbench.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
 from specbench.errors import SpecBenchError
@@ -42,13 +43,7 @@ def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux; else what the platform says): two hosts whose
     runs must not be pooled (an AVX2 EPYC and an AMX Xeon: 1.10x vs 1.62x for the same method)
     have the same machine, processor, core count and hostname here."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def environment() -> dict:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from specbench.cachedir import cache_dir
+from specbench.cpuinfo import cpuinfo_field
 from specbench.errors import SpecBenchError
 
 BLOCK = 32
@@ -223,15 +224,7 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
 
 def cpu_flags() -> str:
     """The CPU's instruction-set flags (x86 `flags`, Arm `Features`), sorted; '' where unknown."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() in ("flags", "Features"):
-                    return " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    return ""
+    return " ".join(sorted((cpuinfo_field("flags", "Features") or "").split()))
 
 
 def _digest_path(so: Path) -> Path:
