@@ -1,7 +1,7 @@
 #!/bin/bash
 # One benchmark cell per argument, TASK:METHOD:N[:RUN_NAME[:OVERRIDES]] (OVERRIDES comma-separated), each on core
 # $CORE (default 1) under that core's lock, default backend unless an override sets model.backend; greedy, 128 new
-# tokens, one thread, no first-use training. Run dirs resume: rerun to extend. Examples (session 13):
+# tokens, one thread, no first-use training (methods that train). Run dirs resume: rerun to extend. Examples (session 13):
 #   CORE=1 bash results/bench/eagle3/cells.sh gsm8k:hydra:20 "gsm8k:medusa:20:gsm8k-medusa:method.tree_from_accuracies=15"
 set -u
 cd "$(dirname "$0")/../../.."
@@ -11,8 +11,9 @@ CORE=${CORE:-1}
 for cell in "$@"; do
   IFS=: read -r task m n name extra <<< "$cell"
   name=${name:-$task-$m}
+  notrain=$(grep -q '^train_if_missing:' conf/method/$m.yaml && echo method.train_if_missing=false)  # trained methods only
   flock /work/core$CORE.lock taskset -c $CORE python -m specbench method=$m task=$task task.num_samples=$n \
-    max_new_tokens=128 threads=1 progress=false method.train_if_missing=false run_dir=$OUT/runs/$name ${extra//,/ } \
+    max_new_tokens=128 threads=1 progress=false $notrain run_dir=$OUT/runs/$name ${extra//,/ } \
     >> $OUT/run_$name.log 2>&1
   echo "$(date +%T) $name exit $?"
 done
