@@ -39,6 +39,7 @@ from specbench.tasks import build_task
 from specbench.tasks.base import Sample
 from specbench.warmup import warm_up
 
+
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux; else what the platform says): two hosts whose
     runs must not be pooled (an AVX2 EPYC and an AMX Xeon: 1.10x vs 1.62x for the same method)
