@@ -165,7 +165,8 @@ TASKS = {
 
 # ------------------------------------------------------------------------------ model (by loader)
 _MODEL = {"name": STR(), "loader": CHOICE("gguf", "hf", "tiny"), "dtype": CHOICE(*DTYPES), "device": STR(),
-          "backend": CHOICE(*BACKENDS), "attn_implementation": STR(optional=True)}
+          "backend": CHOICE(*BACKENDS), "attn_implementation": STR(optional=True),
+          "execution": CHOICE("eager", "graphs"), "graph_max_width": INT(1, 1024)}
 _CHAT = {"chat_template": BOOL(), "eos_tokens": LIST(STR(), empty=True)}
 MODELS = {
     "gguf": _MODEL | _CHAT | {"package": STR(), "gguf_file": STR(), "path": PATH},

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from specbench.engine.transfer import upload
+
 
 class KVCache:
     def __init__(self, num_layers: int):
@@ -70,7 +72,7 @@ class KVCache:
                 continue
             dev = self.keys[i].device
             if dev not in src:
-                src[dev] = torch.tensor([start + r for r in rows], dtype=torch.long, device=dev)
+                src[dev] = upload([start + r for r in rows], dev, torch.long)  # queued, no wait
             self._move_rows(i, start, src[dev])
 
     def _move_rows(self, i: int, start: int, src: torch.Tensor) -> None:
@@ -79,3 +81,57 @@ class KVCache:
         k[..., start : start + len(src), :] = k[..., src, :]
         v[..., start : start + len(src), :] = v[..., src, :]
         self.lengths[i] = start + len(src)
+
+
+class StaticKVCache(KVCache):
+    """The KV cache of `model.execution=graphs`: buffers of a fixed capacity, allocated once and
+    kept for the whole run, so a captured CUDA graph can read and write them on every replay.
+
+    Writes go through a device index (`slots`, set by models/graphs.py before each forward):
+    inside a captured graph no Python runs, so a write position baked in as a Python slice
+    would be the capture's forever. `update` therefore touches no host state; the lengths are
+    moved by the caller after the forward (StaticRunner), and attention reads the whole buffer
+    with a mask that hides every row past the length. Rollback moves a length and copies
+    nothing; keeping a tree's accepted path moves its rows on the device.
+    """
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(num_layers)
+        self.capacity = int(capacity)
+        self.slots: torch.Tensor | None = None  # [q] rows the next forward writes (device)
+        self.epoch = 0  # bumped when the buffers are replaced: graphs captured on the old ones are stale
+        self.allocations = 0  # buffer allocations (tests: none per step)
+
+    def reset(self) -> "StaticKVCache":
+        self.lengths = [0] * self.num_layers
+        return self
+
+    def allocated(self, layers) -> bool:
+        return all(self.keys[i] is not None for i in layers)
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_, **__):
+        if self.keys[layer_idx] is None:
+            self._allocate(layer_idx, key, value)
+        buf_k, buf_v = self.keys[layer_idx], self.values[layer_idx]
+        buf_k.index_copy_(-2, self.slots, key)
+        buf_v.index_copy_(-2, self.slots, value)
+        return buf_k, buf_v
+
+    def _allocate(self, i: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        # zeros, not empty: masked rows still enter attention's weighted sum with weight 0, and
+        # 0 * (a NaN left in uninitialised memory) would be NaN
+        self.keys[i] = key.new_zeros((*key.shape[:-2], self.capacity, key.shape[-1]))
+        self.values[i] = value.new_zeros((*value.shape[:-2], self.capacity, value.shape[-1]))
+        self.allocations += 1
+
+    def grow(self, capacity: int) -> None:
+        """Larger buffers with the same contents (a sequence longer than the run was sized for);
+        every graph captured on the old buffers must be captured again (`epoch`)."""
+        old_k, old_v, self.capacity = self.keys, self.values, int(capacity)
+        self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
+        for i, (k, v) in enumerate(zip(old_k, old_v)):
+            if k is not None:
+                self._allocate(i, k, v)
+                self.keys[i][..., : k.shape[-2], :] = k
+                self.values[i][..., : v.shape[-2], :] = v
+        self.epoch += 1

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import torch
 
-from specbench.engine.cache import KVCache
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
@@ -77,7 +76,7 @@ class Eagle(SpeculativeMethod):
     # -- prefill: the head reads the target's features of every prompt position ---------------
     def prefill(self, ids: list[int]):
         t = self.target
-        self.dcache = KVCache(1)
+        self.dcache = self.target.new_cache(1, "draft head")
         f = t.norm(t.run_layers(t.embed(ids), self.cache))
         self.prompt_feats = f[0]
         return t.lm_head(f[0, -1:]), f[0, -1:]

@@ -19,7 +19,6 @@ The draft's KV cache holds committed pairs only; tree entries are dropped after 
 
 from __future__ import annotations
 
-from specbench.engine.cache import KVCache
 from specbench.errors import SpecBenchError
 from specbench.methods.base import register_method
 from specbench.methods.eagle import Eagle
@@ -38,7 +37,7 @@ class Eagle3(Eagle):
         self.taps = None  # tapped features of the last verification forward [q, 3d]
 
     def prefill(self, ids: list[int]):
-        self.dcache = KVCache(1)
+        self.dcache = self.target.new_cache(1, "draft head")
         logits, hidden, taps = self.target.forward_tapped(ids, self.cache, self.head.layers, last_only=True)
         self.prompt_feats = self.head.project(taps)  # Eagle.start pairs them with tokens 1..n
         return logits, hidden

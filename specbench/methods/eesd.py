@@ -104,7 +104,7 @@ class EESD(SpeculativeMethod):
 
     # -- prefill: lower layers -> early exit (its cache) and upper layers -> target logits --
     def start(self, prompt: list[int]) -> int:
-        self.ecache = KVCache(1)
+        self.ecache = self.target.new_cache(1, "exit layer")
         self.backlog: list[torch.Tensor] = []  # layer-N states of committed tokens the exit layer has not seen
         return super().start(prompt)
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.engine.cache import KVCache
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
@@ -99,7 +98,7 @@ class Hydra(SpeculativeMethod):
             return super().prefill(ids)
         t = self.target
         h = t.norm(t.run_layers(t.embed(ids), self.cache))  # every prompt position: the prefix layer reads them all
-        self.pcache = KVCache(1)
+        self.pcache = self.target.new_cache(1, "prefix layer")
         self.base_feat = self.heads.base(h, self.pcache)[0, -1]
         return t.lm_head(h[0, -1:]), h[0, -1:]
 

@@ -38,6 +38,7 @@ def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
     if source == "hf":
 
         draft = load_hf(cfg)
+        draft.follow_execution(target)
         if draft.tokenizer.vocab != target.tokenizer.vocab:
             raise SpecBenchError(
                 f"draft model {cfg.get('id')!r} has a different tokenizer than the target {target.name!r}; "

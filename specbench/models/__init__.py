@@ -162,6 +162,8 @@ def load_model(cfg) -> ModelAdapter:
     backend = check_backend(cfg.get("backend"))
     adapter = MODEL_LOADERS[loader](cfg)
     apply_backend(adapter.model, backend)
+    if "execution" in cfg:  # conf/model/*.yaml ship it; hand-made configs (tests) may leave it out: eager
+        adapter.set_execution(cfg.execution, cfg.graph_max_width)
     return adapter
 
 
@@ -192,4 +194,5 @@ def truncated_copy(target: ModelAdapter, num_layers: int, name: str | None = Non
     apply_backend(draft, backend_of(target.model))
     adapter = ModelAdapter(draft, target.tokenizer, name or f"{target.name}[:{num_layers}]")
     adapter.key = f"{getattr(target, 'key', target.name)}-first{num_layers}"
+    adapter.follow_execution(target)
     return adapter

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specbench.engine.cache import KVCache
+from specbench.engine.cache import KVCache, StaticKVCache
+from specbench.engine.transfer import upload
 from specbench.errors import SpecBenchError
 
 
@@ -84,6 +85,27 @@ class ModelAdapter:
         devices = {layer_device(m) for m in [self.embed_tokens, *self.layers, self.norm, self.lm_head]} - {None}
         self.multi_device = len(devices) > 1
         self.devices = sorted(devices, key=str)  # what timing synchronises (engine/timer.py)
+        self.execution = "eager"  # graphs: static buffers and CUDA graphs (models/graphs.py, set_execution)
+        self.graphs = None
+        self.static_capacity = 256  # rows of a new static cache; the runner sizes it for its longest sequence
+        self._static_caches: dict[tuple, StaticKVCache] = {}
+
+    def set_execution(self, mode: str, max_width: int = 64) -> None:
+        """eager: the layers called from Python on growing caches; graphs: on static buffers, each
+        width captured once as a CUDA graph where CUDA is (models/graphs.py)."""
+        from specbench.models.graphs import EXECUTIONS, StaticRunner
+
+        if mode not in EXECUTIONS:
+            raise SpecBenchError(f"model.execution={mode!r}: one of {', '.join(EXECUTIONS)}")
+        if mode == "graphs" and self.multi_device:
+            raise SpecBenchError("model.execution=graphs needs the model on one device (not model.device_map)")
+        self.execution = mode
+        self.graphs = StaticRunner(self, max_width) if mode == "graphs" else None
+
+    def follow_execution(self, other: "ModelAdapter") -> None:
+        """Run as `other` runs (a draft model beside its target)."""
+        self.set_execution(other.execution, other.graphs.max_width if other.graphs else 64)
+        self.static_capacity = other.static_capacity
 
     # -- facts -------------------------------------------------------------------------------
     @property
@@ -112,8 +134,17 @@ class ModelAdapter:
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.num_layers)
+    def new_cache(self, num_layers: int | None = None, role: str = "target") -> KVCache:
+        """An empty cache for a sequence: the target's (every layer) or a draft part's (`role`,
+        `num_layers`). Under execution=graphs it is the run's one static cache of that role, emptied:
+        its buffers are what the captured graphs read and write, so they live as long as the adapter."""
+        n = self.num_layers if num_layers is None else int(num_layers)
+        if self.execution != "graphs":
+            return KVCache(n)
+        key = (role, n)
+        if key not in self._static_caches:
+            self._static_caches[key] = StaticKVCache(n, self.static_capacity)
+        return self._static_caches[key].reset()
 
     def new_layer(self, input_norm: bool = True) -> nn.Module:
         """A freshly initialised decoder layer of the target's own class and config (a draft
@@ -160,12 +191,15 @@ class ModelAdapter:
         """
         mods = layers if layers is not None else self.layers[start : self.num_layers if end is None else end]
         first = cache_offset if layers is not None else start
+        if isinstance(cache, StaticKVCache):  # execution=graphs (models/graphs.py)
+            return self.graphs.run(mods, first, hidden, cache, positions, tree_mask, skip)
         # index tensors go to the device once per forward, before the loop (on a GPU a host copy
-        # inside it is one transfer per layer); with device_map the loop moves them on as needed
+        # inside it is one transfer per layer), queued (engine/transfer.py); with device_map the
+        # loop moves them on as needed
         if positions is not None:
-            positions = to_device(positions, hidden.device)
+            positions = upload(positions, hidden.device)
         if tree_mask is not None:
-            tree_mask = to_device(tree_mask, hidden.device)
+            tree_mask = upload(tree_mask, hidden.device)
         return self._layer_loop(mods, first, hidden, cache, positions, tree_mask, skip)
 
     def run_layers_tapped(self, hidden: torch.Tensor, cache: KVCache | None, taps, positions=None,
