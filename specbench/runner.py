@@ -31,6 +31,7 @@ from specbench.metrics import acceptance_metrics, position_acceptance, predicted
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
 from specbench.models.backends import check_backend
+from specbench.models.graphs import precapture
 from specbench.profiling import profile_forward
 from specbench.provenance import run_provenance
 from specbench.rundir import RunDir, check_run_dir
@@ -81,6 +82,17 @@ def check_context(samples: list[Sample], target: ModelAdapter, max_new: int) -> 
     return min(max_new, ctx)
 
 
+def size_static_caches(target: ModelAdapter, samples: list[Sample], max_new: int) -> None:
+    """execution=graphs: static caches as long as the run's longest sequence (every turn's text with
+    empty replies, plus max_new per turn, plus a padded verify), so none grows during a timed step."""
+    if target.execution != "graphs":
+        return
+    longest = max(len(target.tokenizer.encode_chat(s.messages([""] * (len(s.turns) - 1)))) + len(s.turns) * max_new
+                  for s in samples)
+    width = target.graphs.max_width
+    target.static_capacity = -(-(longest + 2 * width) // 64) * 64
+
+
 def run_generation(method: Method, sample: Sample, tokenizer, max_new: int, seed: int) -> tuple[list[Generation], list[str]]:
     replies: list[str] = []
     gens: list[Generation] = []
@@ -110,6 +122,8 @@ def summarize_system(gens: list[Generation]) -> dict:
         rec["acceptance"] = acceptance_metrics(steps, tokens, len(gens))
         rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
     rec["steps"] = [s.row() for s in steps]
+    if captures := sum(g.extra.get("graph_captures", 0) for g in gens):
+        rec["graph_captures"] = captures
     rec["step_times"] = [t for g in gens for t in g.step_times]
     return rec
 
@@ -159,6 +173,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     task = build_task(cfg.task)
     samples = task.load()
     target = target or load_model(cfg.model)
+    size_static_caches(target, samples, int(cfg.max_new_tokens))  # execution=graphs: before any cache exists
     ensure_trained(cfg, target)  # a missing trained part of a small model: train it once, now
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     ctx = {"control": cfg.get("control"), "cfg": cfg}
@@ -182,6 +197,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "dtype": str(target.dtype).replace("torch.", ""),
         "backend": backend_of(target.model),
         "device": str(target.device),
+        "execution": target.execution,
         "lossless": method.lossless,
         "method_settings": method.describe(),
         "sampling": OmegaConf.to_container(cfg.sampling),
@@ -198,6 +214,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
             # warm-up: first calls pay for allocation and kernel selection; not measured
             warm = samples[0]
             prompt = target.tokenizer.encode_chat(warm.messages([]))
+            meta["graphs_precaptured"] = precapture(target) + (precapture(ar_target) if ar_target is not target else 0)
             warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
             if cfg.profile.enabled:
                 p = cfg.profile
@@ -227,6 +244,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         done = run_dir.done()
         records = [done[s.id] for s in samples if s.id in done]
         summary = aggregate(records, costs, ci=measure.get("ci"))
+        if target.execution == "graphs":  # a capture inside a timed generation costs its sample ~3 forwards
+            summary["graph_captures_timed"] = sum(r[k].get("graph_captures", 0) for r in records for k in ("ar", "method"))
         if contention := shared_cores(records, measure, on_cpu=target.device.type == "cpu"):
             summary["shared_cores"] = contention
         summary["meta"] = meta

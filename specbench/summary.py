@@ -215,11 +215,15 @@ CATEGORY_COLUMNS = ["category", "samples", Column("speedup", align="<"), Column(
 
 def print_summary(s: dict, meta: dict) -> str:
     lines = [
-        f"\n== {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {s['samples']} samples ==",
+        f"\n== {meta['method']} vs AR | task {meta['task']} | model {meta['model']} | {meta.get('device', '?')}, "
+        f"execution {meta.get('execution', 'eager')} | {s['samples']} samples ==",
         f"lossless by design: {meta['lossless']}   outputs identical to AR: {s.get('matches_ar', 0)}/{s['samples']}",
         "settings: " + ", ".join(f"{k}={v}" for k, v in meta["method_settings"].items() if k not in ("method", "lossless")),
     ]
     lines += [f"WARNING: {note}" for note in meta.get("task_notes") or []]
+    if s.get("graph_captures_timed"):
+        lines.append(f"note: {s['graph_captures_timed']} CUDA graph captures fell inside timed generations "
+                     "(each costs its sample about three eager forwards)")
     if meta["method_settings"].get("draft_trained") is False:
         lines.append("note: the draft is untrained (run `python -m specbench.train` to distil it); expect a slowdown")
     if s["samples"]:

@@ -26,6 +26,7 @@ from specbench.engine.verify import Proposal, Verifier, verification_input
 from specbench.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
+from specbench.models.graphs import CAPTURES
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Method:
         self.timer = PhaseTimer(self.target.device, self.timing, getattr(self.target, "devices", ()))
         self.gen = torch.Generator().manual_seed(int(seed))
         self.seed = int(seed)
+        captures = CAPTURES[0]
         self.timer.start()
         out = [self.start(prompt)]
         result = Generation(out)
@@ -108,6 +110,8 @@ class Method:
         self.timer.step_mark()  # the last step's end
         result.times = self.timer.stop()
         result.step_times = self.timer.step_times
+        if CAPTURES[0] > captures:  # graphs captured inside this timed generation (models/graphs.py)
+            result.extra["graph_captures"] = CAPTURES[0] - captures
         return result
 
 

@@ -24,6 +24,9 @@ class HFAssisted(Method):
 
     def __init__(self, target, cfg, sampling, ctx=None):
         super().__init__(target, cfg, sampling, ctx)
+        if target.execution == "graphs":
+            raise SpecBenchError("method=hf_assisted runs transformers' own generate(), which model.execution=graphs "
+                                 "does not reach; use model.execution=eager")
         self.mode = cfg.get("mode", "assistant")
         self.k = int(cfg.get("k", 10))
         if self.k < 1:

@@ -194,3 +194,19 @@ def visible(length: torch.Tensor, tmask: torch.Tensor, extra_w: int, capacity: i
     inside = (rel >= 0) & (rel < extra_w + width)
     window = tmask.gather(1, rel.clamp(0, extra_w + width - 1).expand(width, capacity))
     return torch.where(inside, window, (cols < length).expand(width, capacity))
+
+
+def precapture(adapter) -> int:
+    """Capture the target's whole forward at every padded width before anything is timed (the
+    method's own layer ranges and heads are captured in the warm-up generation); returns how many."""
+    runner = adapter.graphs
+    if runner is None or not runner.capture:
+        return 0
+    before = CAPTURES[0]
+    cache = adapter.new_cache()
+    adapter.forward([0], cache)  # the buffers' first write, uncaptured
+    for width in sorted({bucket(w) for w in range(1, runner.max_width + 1)}, reverse=True):
+        adapter.forward([0] * width, cache)
+        cache.crop(1)
+    cache.reset()
+    return CAPTURES[0] - before
