@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 from transformers import LlamaForCausalLM
 
+from specbench.engine import transfer
 from specbench.models import ModelAdapter, tiny_llama_config
 from specbench.models.tokenizer import ByteTokenizer
 
@@ -62,12 +63,15 @@ class DeviceMismatch(RuntimeError):
 SPECBENCH = str(Path(__file__).resolve().parents[1] / "specbench")
 # frames that put an event inside the layer loop: the adapter's per-layer loop (a decoder layer's
 # call included) and the cache's per-layer work (KVCache.keep compacts every layer in _move_rows)
-_LAYER_FRAMES = {("adapter.py", "_layer_loop"), ("cache.py", "_move_rows"), ("cache.py", "update")}
+# (and models/graphs.py's `_body`: the function a CUDA graph captures, where any sync or host copy
+# would make the capture fail on a GPU)
+_LAYER_FRAMES = {("adapter.py", "_layer_loop"), ("cache.py", "_move_rows"), ("cache.py", "update"), ("graphs.py", "_body")}
 
 
 @dataclass
 class SyncEvent:
-    kind: str  # "d2h": a read that waits for the device; "h2d": a host-to-device copy
+    kind: str  # "d2h": a read that waits for the device; "h2d": a host-to-device copy the host waits for
+    # (pageable memory or non_blocking=False); "h2d_async": pinned and non_blocking, queued (no wait)
     what: str  # the op (item, tolist, to_cpu, nonzero, bool_index, copy, index, setitem, ...)
     step: object  # "prefill" or the decoding step's index
     in_layer: bool
@@ -97,6 +101,10 @@ class SyncCounter:
         return sum(1 for e in self.events if e.kind == kind and (step is None or e.step == step)
                    and (in_layer is None or e.in_layer == in_layer))
 
+    def syncs(self, step=None) -> int:
+        """What `torch.cuda.set_sync_debug_mode` reports on a GPU: every read, every blocking copy in."""
+        return self.count("d2h", step) + self.count("h2d", step)
+
     def clear(self) -> None:
         self.events.clear()
 
@@ -107,6 +115,12 @@ def _is_cuda(x) -> bool:
 
 def _is_host(x) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "cpu"
+
+
+# ops whose result's size or value the host must read (each waits for the device on a GPU)
+_SYNCING = {torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, torch.ops.aten._local_scalar_dense.default,
+            torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default, torch.ops.aten._unique2.default,
+            torch.ops.aten.unique_consecutive.default, torch.ops.aten.unique_dim.default}
 
 
 class _CountCopies(TorchDispatchMode):
@@ -125,9 +139,10 @@ class _CountCopies(TorchDispatchMode):
                 self.counter.record("h2d" if dst.type == "cuda" else "d2h", "to_" + dst.type)
         elif func is torch.ops.aten.copy_.default and _is_cuda(args[0]) != _is_cuda(args[1]):
             self.counter.record("h2d" if _is_cuda(args[0]) else "d2h", "copy_")
-        elif func in (torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
-                      torch.ops.aten._local_scalar_dense.default) and _is_cuda(args[0]):
+        elif func in _SYNCING and _is_cuda(args[0]):
             self.counter.record("d2h", func.__name__.split(".")[0])
+        elif func is torch.ops.aten.repeat_interleave.Tensor and _is_cuda(args[0]) and kwargs.get("output_size") is None:
+            self.counter.record("d2h", "repeat_interleave")  # its output size is read from the device
         return func(*args, **kwargs)
 
 
@@ -170,11 +185,12 @@ class _CudaOnCpuBuild(TorchFunctionMode):
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
             return self._index(func, args, kwargs)
         if func is torch.Tensor.to:
-            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
             other = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
             if other is not None:
                 device, dtype = other.device, other.dtype
-            return self._move(args[0], device, dtype, bool(kwargs.get("copy", False)), self.counter)
+            queued = bool(non_blocking) and getattr(args[0], "_fake_pinned", False)
+            return self._move(args[0], device, dtype, bool(kwargs.get("copy", False)), self.counter, queued)
         if func is torch.Tensor.cuda:
             return self._move(args[0], CUDA, None, False, self.counter)
         if func is torch.as_tensor and isinstance(args[0], torch.Tensor):
@@ -244,7 +260,7 @@ class _CudaOnCpuBuild(TorchFunctionMode):
         return out
 
     @staticmethod
-    def _move(t: torch.Tensor, device, dtype, copy: bool, counter: SyncCounter) -> torch.Tensor:
+    def _move(t: torch.Tensor, device, dtype, copy: bool, counter: SyncCounter, queued: bool = False) -> torch.Tensor:
         device = t.device if device is None else torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = CUDA
@@ -254,7 +270,8 @@ class _CudaOnCpuBuild(TorchFunctionMode):
         if device.type != "cuda" and t.device.type != "cuda":
             return t.to(dtype=dtype, copy=copy) if device == t.device else t.to(device=device, dtype=dtype)
         if device.type != t.device.type:
-            counter.record("h2d" if device.type == "cuda" else "d2h", "to_" + device.type)
+            kind = ("h2d_async" if queued else "h2d") if device.type == "cuda" else "d2h"
+            counter.record(kind, "to_" + device.type)
         # copy_ across devices also needs the CUDA runtime: values are fake anyway, keep the metadata
         out = torch.empty(t.shape, device=device, dtype=dtype)  # fake even if t is a real constant
         return out.requires_grad_(True) if t.requires_grad and dtype.is_floating_point else out
@@ -306,7 +323,15 @@ def fake_cuda(bool_value: bool = True) -> Iterator[_CudaOnCpuBuild]:
             counter.record("d2h", "tolist")
         return _nested(tuple(t.shape), _dummy(t.dtype, bool_value))
 
+    def fake_pin(host):
+        # a CPU-only build cannot pin memory: mark the tensor, so that its non_blocking copy to the
+        # device is counted as the queued copy it is on a GPU (engine/transfer.py)
+        host = host.clone()
+        host._fake_pinned = True
+        return host
+
     torch.cuda.synchronize = lambda *a, **k: None
+    pinned, transfer._pinned = transfer._pinned, fake_pin
     torch.nn.Module._apply = _apply_without_swap
     FakeTensor.__deepcopy__ = _deepcopy_in_mode
     FakeTensor.tolist = one_read_tolist
@@ -317,6 +342,7 @@ def fake_cuda(bool_value: bool = True) -> Iterator[_CudaOnCpuBuild]:
     finally:
         torch.cuda.synchronize, torch.nn.Module._apply, FakeTensor.__deepcopy__ = sync, apply, deepcopy
         FakeTensor.tolist = tolist
+        transfer._pinned = pinned
 
 
 TINY = {"num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2}

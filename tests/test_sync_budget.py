@@ -69,11 +69,13 @@ def controller_config(controller: str | None, t):
     return every.control_config(controller) if controller else None
 
 
-def count(method: str, controller: str | None, sampling=GREEDY, overrides=None):
-    """(method, per-step rows, prefill events): each row = (drafted, accepted, d2h, h2d,
-    in-layer events, whether the step verified a tree, where its reads came from)."""
+def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, execution: str = "eager"):
+    """(method, per-step rows, prefill events): each row = (drafted, accepted, syncs (reads and
+    blocking copies in), queued copies in, in-layer events, whether the step verified a tree,
+    where its syncs came from)."""
     with fake_cuda(bool_value=True) as mode:
         t = fake_tiny_llama(num_layers=LAYERS)
+        t.set_execution(execution, 16)
         cfg = OmegaConf.merge(every.method_config(method), overrides or {})
         m = build(method, t, cfg, sampling, controller_config(controller, t))
         counter, steps, trees = mode.counter, [], set()
@@ -101,9 +103,9 @@ def count(method: str, controller: str | None, sampling=GREEDY, overrides=None):
             m.draft_candidates = counted_draft
         m.generate(PROMPT, NEW, frozenset(), 0)
     ev = counter.events
-    rows = [(s.n_drafted, s.n_accepted, counter.count("d2h", i), counter.count("h2d", i),
+    rows = [(s.n_drafted, s.n_accepted, counter.syncs(i), counter.count("h2d_async", i),
              [e for e in ev if e.step == i and e.in_layer], i in trees,
-             where(e for e in ev if e.step == i and e.kind == "d2h")) for i, s in enumerate(steps)]
+             where(e for e in ev if e.step == i and e.kind in ("d2h", "h2d"))) for i, s in enumerate(steps)]
     return m, rows, [e for e in ev if e.step == "prefill"]
 
 
@@ -121,17 +123,18 @@ def where(events) -> dict:
     return dict(Counter(f"{e.kind} {e.what} {e.where}" for e in events))
 
 
+@pytest.mark.parametrize("execution", ["eager", "graphs"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("method, controller, overrides", CASES, ids=[case_name(*c, GREEDY) for c in CASES])
-def test_step_within_budget(method, controller, overrides, sampling):
-    m, rows, prefill = count(method, controller, sampling, overrides)
+def test_step_within_budget(method, controller, overrides, sampling, execution):
+    m, rows, prefill = count(method, controller, sampling, overrides, execution)
     if controller == PREDICTOR:
         assert m.controller.predictor is not None and m.controller.needs_hidden
     d2h = [r[2] for r in rows]
-    _REPORT[case_name(method, controller, overrides, sampling)] = {
-        "steps": len(rows), "drafted": [r[0] for r in rows], "d2h": d2h, "h2d": [r[3] for r in rows],
+    _REPORT[case_name(method, controller, overrides, sampling) + f" [{execution}]"] = {
+        "steps": len(rows), "drafted": [r[0] for r in rows], "syncs": d2h, "h2d_queued": [r[3] for r in rows],
         "budget": [budget(m, r, sampling) for r in rows],
-        "prefill_d2h": sum(e.kind == "d2h" for e in prefill), "in_layer": sum(len(r[4]) for r in rows)}
+        "prefill_syncs": sum(e.kind in ("d2h", "h2d") for e in prefill), "in_layer": sum(len(r[4]) for r in rows)}
     assert rows, "no decoding step ran"
     in_layer = [e for r in rows for e in r[4]] + [e for e in prefill if e.in_layer]
     assert not in_layer, f"syncs or copies inside the layer loop: {where(in_layer)}"

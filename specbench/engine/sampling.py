@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.engine.transfer import upload
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -116,11 +118,11 @@ def verify_sampling(
     k = len(draft)
     if not k:
         return 0, sample(p[0], generator)
-    drafted = torch.tensor(draft, device=p.device)
+    drafted = upload(draft, p.device, torch.long)
     q = draft_probs.to(p) if draft_probs is not None else torch.nn.functional.one_hot(drafted, p.shape[-1]).to(p)
     u = torch.rand(k, generator=generator, dtype=p.dtype)  # on the host: the generator's device
     p_x, q_x = draft_token_probs(p[:k], q, drafted)
-    ok = accept_tests(p_x, q_x, u.to(p.device))
+    ok = accept_tests(p_x, q_x, upload(u, p.device))
     n = ok.long().cumprod(0).sum().view(1)  # the first rejected position; k when every test passes
     # (a 1-element index: indexing with a 0-dim tensor reads it to the host first)
     q_n = torch.cat([q, torch.zeros_like(p[:1])])[n]

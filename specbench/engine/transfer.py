@@ -31,3 +31,11 @@ def upload(values, device: torch.device | str, dtype: torch.dtype | None = None)
 def _pinned(host: torch.Tensor) -> torch.Tensor:
     """A pinned copy of a host tensor (tests on fake CUDA replace this: a CPU-only build cannot pin)."""
     return host.pin_memory()
+
+
+def take(t: torch.Tensor, rows) -> torch.Tensor:
+    """t[rows] along the first axis, the row indices uploaded queued (a list index would be a
+    blocking copy)."""
+    if isinstance(rows, torch.Tensor) and rows.device == t.device:
+        return t.index_select(0, rows)
+    return t.index_select(0, upload(rows, t.device, torch.long))

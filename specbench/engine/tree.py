@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.engine.transfer import upload
+
 from specbench.engine.sampling import SamplingConfig, probs, sample
 
 
@@ -195,8 +197,8 @@ def verify_tree_typical(tree: TokenTree, node_tokens: list[int], logits: torch.T
     thresh = torch.minimum(torch.full_like(ent, float(epsilon)), float(delta) * torch.exp(-ent))
     # every node's test and every node's argmax on the device, read in one copy (a read per node
     # would be a wait per node on a GPU); the parents' chain is walked on the host
-    par = torch.tensor(tree.parents[1:], dtype=torch.long, device=p.device)
-    passed = p[par, torch.tensor(node_tokens[1:], dtype=torch.long, device=p.device)] > thresh[par]
+    par = upload(tree.parents[1:], p.device, torch.long)
+    passed = p[par, upload(node_tokens[1:], p.device, torch.long)] > thresh[par]
     got = torch.cat([passed.long(), logits.argmax(-1)]).tolist()
     typical, choice = got[: len(tree) - 1], got[len(tree) - 1 :]
     ok = [True] + [False] * (len(tree) - 1)

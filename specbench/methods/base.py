@@ -22,6 +22,7 @@ import torch
 from specbench.control import DEFAULT_CONTROL, DraftInfo, DraftRef, build_controller
 from specbench.engine.sampling import SamplingConfig, next_token, probs, sample
 from specbench.engine.timer import PhaseTimer
+from specbench.engine.transfer import take, upload
 from specbench.engine.verify import Proposal, Verifier, verification_input
 from specbench.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
@@ -211,7 +212,6 @@ class SpeculativeMethod(ARMethod):
     def verify_forward(self, prop: Proposal, feed: list[int], mask, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """Target logits and final hidden states [len(feed), ...] over `feed` after the committed
         tokens; `mask` (None: causal) among the fed tokens, `positions` absolute (None: in order)."""
-        mask = None if mask is None else mask.to(self.target.device)
         return self.target.forward(feed, self.cache, positions=positions, tree_mask=mask)
 
     def after_verify(self, prop: Proposal, path: list[int], rows: list[int], hidden: torch.Tensor,
@@ -240,9 +240,9 @@ class SpeculativeMethod(ARMethod):
         with self.timer.phase("verify"):
             pending, L = self.tokens[-1], len(self.tokens) - 1  # L: committed tokens in the cache
             feed, mask, offsets, rows = verification_input(prop, pending)
-            positions = None if offsets is None else L + offsets.to(self.target.device)
+            positions = None if offsets is None else L + upload(offsets, self.target.device)
             logits, hidden = self.verify_forward(prop, feed, mask, positions)
-            node_logits = logits if prop.layout is None else logits[rows]  # a chain or tree: every row is a node
+            node_logits = logits if prop.layout is None else take(logits, rows)  # a chain or tree: every row is a node
             path, tok = self.verifier(prop, pending, node_logits, self.sampling, self.gen)
             kept = [rows[j] for j in path]
             self.cache.keep(L, kept)  # the one place the target's cache is rolled back

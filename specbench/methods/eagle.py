@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from specbench.engine.transfer import take
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
@@ -93,7 +94,7 @@ class Eagle(SpeculativeMethod):
 
     def after_verify(self, prop, path, rows, hidden, logits) -> None:
         # the path's target features (computed by the verification) are what the head reads next
-        self.backlog = (hidden[rows], self.tokens[-len(rows):])
+        self.backlog = (take(hidden, rows), self.tokens[-len(rows):])
 
     def catch_up(self) -> torch.Tensor:
         """Feed the committed pairs the head has not seen; return the root's predicted feature."""

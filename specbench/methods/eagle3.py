@@ -19,6 +19,7 @@ The draft's KV cache holds committed pairs only; tree entries are dropped after 
 
 from __future__ import annotations
 
+from specbench.engine.transfer import take
 from specbench.errors import SpecBenchError
 from specbench.methods.base import register_method
 from specbench.methods.eagle import Eagle
@@ -43,10 +44,9 @@ class Eagle3(Eagle):
         return logits, hidden
 
     def verify_forward(self, prop, feed, mask, positions):
-        mask = None if mask is None else mask.to(self.target.device)
         logits, hidden, self.taps = self.target.forward_tapped(feed, self.cache, self.head.layers,
                                                                positions=positions, tree_mask=mask)
         return logits, hidden
 
     def after_verify(self, prop, path, rows, hidden, logits) -> None:
-        self.backlog = (self.head.project(self.taps[rows]), self.tokens[-len(rows):])
+        self.backlog = (self.head.project(take(self.taps, rows)), self.tokens[-len(rows):])

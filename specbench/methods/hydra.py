@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.engine.transfer import take
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
@@ -104,7 +105,7 @@ class Hydra(SpeculativeMethod):
 
     def after_verify(self, prop, path, rows, hidden, logits) -> None:
         if self.heads.prefix:  # the kept path's features, at the positions the target's cache gave them
-            self.base_feat = self.heads.base(hidden[rows].unsqueeze(0), self.pcache)[0, -1]
+            self.base_feat = self.heads.base(take(hidden, rows).unsqueeze(0), self.pcache)[0, -1]
 
     def base(self) -> torch.Tensor:
         return self.base_feat if self.heads.prefix else self.target_hidden

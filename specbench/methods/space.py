@@ -36,6 +36,7 @@ from torch import nn
 
 from specbench.artifacts import check_state, expected_state, load_checkpoint, trained_summary
 from specbench.engine.sampling import probs, sample
+from specbench.engine.transfer import take, upload
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
 from specbench.engine.verify import Layout, Proposal
 from specbench.errors import SpecBenchError, choice_error
@@ -64,7 +65,7 @@ class MaskedEmbed(nn.Module):
         self.vector = nn.Parameter((torch.randn(w.shape[1], generator=g, dtype=torch.float64) * std).to(w.dtype).to(w.device))
 
     def forward(self, adapter: ModelAdapter, ids: torch.Tensor | list[int]) -> torch.Tensor:
-        ids = torch.as_tensor(ids, dtype=torch.long, device=adapter.device)
+        ids = upload(ids, adapter.device, torch.long)
         ids = ids if ids.dim() == 2 else ids.view(1, -1)
         is_m = ids == MASK
         emb = adapter.embed(ids.clamp_min(0))
@@ -183,4 +184,4 @@ class Space(SpeculativeMethod):
 
     def after_verify(self, prop, path, rows, hidden, logits) -> None:
         # the mask group after the last accepted candidate holds the next step's candidates
-        self.mask_rows = logits[self.groups[len(path) - 1]]
+        self.mask_rows = take(logits, self.groups[len(path) - 1])

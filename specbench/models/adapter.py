@@ -158,7 +158,7 @@ class ModelAdapter:
     # -- pieces ------------------------------------------------------------------------------
     def embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
         """[q] or [B, q] token ids -> [1 or B, q, d]."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=layer_device(self.embed_tokens) if self.multi_device else self.device)
+        ids = upload(ids, layer_device(self.embed_tokens) if self.multi_device else self.device, torch.long)
         return self.embed_tokens(ids if ids.dim() == 2 else ids.view(1, -1))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
