@@ -258,7 +258,7 @@ class RunDir:
             )
         if "provenance" in fp and (change := describe_change(old.get("provenance"), fp["provenance"])):
             raise SpecBenchError(
-                f"run dir {self.path} holds results made with other weights or trained artifacts: {change}; "
+                f"run dir {self.path} holds results made with other weights or inputs: {change}; "
                 "choose another run_name or pass overwrite=true"
             )
 

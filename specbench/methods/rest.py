@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from specbench.datastore import load_or_build
+from specbench.datastore import load_or_build, parse_spec
 from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
@@ -56,12 +56,16 @@ class REST(SpeculativeMethod):
         model = str((run_cfg.get("model") or {}).get("name") or target.name)
         self.datastore, self.datastore_path = load_or_build(model, target.tokenizer, corpus, data_dir,
                                                             bool(cfg.get("build_missing", True)))
+        self.corpus_files = [parse_spec(c, data_dir)[0] for c in corpus]
         self.last_match: tuple[int, int, int] = (0, 0, 0)  # (suffix length, suffix-array rows lo, hi)
 
     def describe(self) -> dict:
         return super().describe() | {k: getattr(self, k) for k in SETTINGS} | {
             "datastore": self.datastore_path.name, "datastore_tokens": len(self.datastore),
             "corpus": self.datastore.meta.get("corpus")}
+
+    def inputs(self) -> dict:
+        return {"corpus": self.corpus_files, "datastore": self.datastore_path}
 
     def verify_widths(self) -> list[int]:
         return [self.num_draft + 1]  # the largest trie and its root
