@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench.bounds import check_widths
 from specbench.config import validate
 from specbench.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
@@ -167,6 +168,9 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     ar_target = method.finetuned_adapter or target
     ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
     max_new = check_context(samples, target, int(cfg.max_new_tokens))
+    # the built method's own widths (a tree from a file, a template cut) within the loaded model's context
+    check_widths(method.verify_widths(), cfg.method.name, target.context_length,
+                 int(cfg.profile.context) if cfg.profile.enabled else None)
     # the weights' and trained artifacts' hashes join the fingerprint: a resumption against others is refused
     provenance = run_provenance(cfg, target, method)
     # only now, with everything validated, is anything written to disk
