@@ -68,15 +68,20 @@ def environment() -> dict:
 
 
 def check_context(samples: list[Sample], target: ModelAdapter, max_new: int) -> int:
-    """max_new_tokens capped at the model's context; a first prompt that leaves no room for one
-    new token is bad input (later turns are capped as they come, see run_generation)."""
+    """max_new_tokens capped at the model's context; a turn that leaves no room for one new token
+    even if every earlier reply were empty is bad input, refused before anything is decoded (what
+    the real replies take is capped as it comes, see run_generation)."""
     ctx = target.context_length
     if ctx is None:
         return max_new
     for s in samples:
-        n = len(target.tokenizer.encode_chat(s.messages([])))
-        if n >= ctx:
-            raise SpecBenchError(f"sample {s.id!r}: the prompt has {n} tokens, the model's context {ctx}; shorten it")
+        for turn in range(len(s.turns)):
+            n = len(target.tokenizer.encode_chat(s.messages([""] * turn)))
+            if n >= ctx and turn == 0:
+                raise SpecBenchError(f"sample {s.id!r}: the prompt has {n} tokens, the model's context {ctx}; shorten it")
+            if n >= ctx:
+                raise SpecBenchError(f"sample {s.id!r} turn {turn + 1}: the conversation has {n} tokens before any reply "
+                                     f"(the earlier turns and this one), the model's context {ctx}; shorten it")
     if max_new > ctx:
         print(f"note: max_new_tokens={max_new} capped at the model's context ({ctx})")
     return min(max_new, ctx)
@@ -235,6 +240,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
             summary["shared_cores"] = contention
         summary["meta"] = meta
         run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
+    except KeyboardInterrupt:  # Ctrl-C: every finished sample is on disk, whole (RunDir.append)
+        raise run_dir.interrupted("samples") from None
     finally:
         run_dir.release()
     summary["printed"] = print_summary(summary, meta)
