@@ -32,9 +32,9 @@ SIZES = {
     "eagle3": {"top_k": VOCAB, "depth": CONTEXT, "num_nodes": WIDTH, "ttt_steps": CONTEXT,
                "draft_vocab_size": "capped at the vocabulary by the method (documented in conf/method/eagle3.yaml)"},
     "eesd": {"n_layers": LAYERS, "draft_vocab.size": VOCAB},
-    "hf_assisted": {"k": CONTEXT, "draft.num_layers": LAYERS},
+    "hf_assisted": {"k": WIDTH, "draft.num_layers": LAYERS},
     "medusa": {"num_heads": CONTEXT + "+" + MEMORY, "sizes": VOCAB + "+" + WIDTH, "tree": VOCAB + "+" + WIDTH,
-               "tree_from_accuracies": WIDTH, "draft_vocab.size": VOCAB, "lora_r": "hidden",
+               "tree_from_accuracies": WIDTH, "draft_vocab.size": VOCAB, "lora_r": "hidden (medusa2 with LoRA)",
                "warmup_epochs": "a count of training epochs, not a size (train.max_minutes caps the time)"},
     "hydra": {"num_heads": CONTEXT + "+" + MEMORY, "num_layers": MEMORY, "tree": VOCAB + "+" + WIDTH},
     "pld": {"max_ngram": CONTEXT, "min_ngram": CONTEXT},
@@ -45,7 +45,7 @@ SIZES = {
              "max_matches": "capped by the occurrences the datastore holds (Datastore.continuations)"},
     "suffix": {"max_depth": CONTEXT, "max_spec_tokens": WIDTH},
     "self_sd": {"skip.attn": LAYERS, "skip.mlp": LAYERS, "draft_vocab.size": VOCAB},
-    "space": {"k": WIDTH, "lora_r": "hidden", "seed": "not a size"},
+    "space": {"k": WIDTH, "lora_r": "hidden (lora: true)", "seed": "not a size"},
     "vanilla_sd": {"draft.num_layers": LAYERS},
     "control": {"k": WIDTH, "k_max": WIDTH},
 }
@@ -188,8 +188,8 @@ def _heads(m, lim: Limits) -> list[int]:
     if name == "medusa":
         per_head = d * d + d + (0 if m("share_head") else V * d)
         _memory("method.num_heads", n, n * per_head, f"{n} heads", lim)
-        if _int(r := m("lora_r")) and r > d:
-            raise bad_value("method.lora_r", r, f"at most {d}, the hidden size of {lim.of} (a rank of its d x d maps)")
+        if m("variant") == "medusa2" and m("backbone") == "lora":
+            _rank(m, lim)
     else:  # hydra: head k's first block reads k + 2 vectors (the feature and the path's embeddings)
         layers = m("num_layers") if _int(m("num_layers")) else HYDRA_LAYERS
         params = sum(2 * d * d * (k + 2) + (layers - 1) * (d * d + d) + V * d + V for k in range(n))
@@ -204,6 +204,12 @@ def _heads(m, lim: Limits) -> list[int]:
     if name == "medusa" and _int(n_acc := m("tree_from_accuracies")):
         return [_width("method.tree_from_accuracies", n_acc, n_acc + 1, "the tree's nodes and its root", lim)]
     return []
+
+
+def _rank(m, lim: Limits) -> None:
+    """LoRA's rank (where LoRA is used): above the hidden size it adds nothing but memory."""
+    if _int(r := m("lora_r")) and r > lim.shape.hidden:
+        raise bad_value("method.lora_r", r, f"at most {lim.shape.hidden}, the hidden size of {lim.of} (a rank of its d x d maps)")
 
 
 def _ngrams(m, lim: Limits) -> list[int]:
@@ -227,7 +233,7 @@ def _lookahead(m, lim: Limits) -> list[int]:
         return []
     key, v = ("ngram", N) if N - 1 > W + G else (("window", W) if W >= G else ("guess", G))
     return [_width(f"method.{key}", v, (N - 1) * (W + G),
-                   f"(method.ngram - 1) x (method.window + method.guess): the window's rows and the candidates", lim)]
+                   "(method.ngram - 1) x (method.window + method.guess): the window's rows and the candidates", lim)]
 
 
 def _rest(m, lim: Limits) -> list[int]:
@@ -250,8 +256,8 @@ def _space(m, lim: Limits) -> list[int]:
     k = m("k")
     if not _int(k):
         return []
-    if _int(r := m("lora_r")) and r > lim.shape.hidden:
-        raise bad_value("method.lora_r", r, f"at most {lim.shape.hidden}, the hidden size of {lim.of} (a rank of its d x d maps)")
+    if m("lora"):
+        _rank(m, lim)
     return [_width("method.k", k, 1 + k + k * (k + 1), "the pending token, k candidates and k + 1 groups of k masks", lim)]
 
 

@@ -14,7 +14,8 @@ from specbench.config import compose, validate
 from specbench.errors import SpecBenchError
 
 HUGE = 10**9
-KINDS = {bounds.VOCAB, bounds.CONTEXT, bounds.WIDTH, bounds.MEMORY, bounds.LAYERS, "hidden"}
+KINDS = {bounds.VOCAB, bounds.CONTEXT, bounds.WIDTH, bounds.MEMORY, bounds.LAYERS, "hidden (medusa2 with LoRA)",
+         "hidden (lora: true)"}
 
 
 def int_keys(table: dict) -> set[str]:
@@ -42,7 +43,8 @@ def bounded(table: dict) -> list[str]:
 # a value past every bound of the key (lists where the key takes a list), and what must be set beside it
 VALUE = {"sizes": "[100000]", "tree": "[[0],[100000]]", "skip.attn": f"[{HUGE}]", "skip.mlp": f"[{HUGE}]"}
 BESIDE = {("medusa", "sizes"): ["method.tree_from_accuracies=null"], ("medusa", "tree"): ["method.tree_from_accuracies=null"],
-          ("rest", "min_suffix"): [f"method.max_suffix={HUGE}"], ("pld", "min_ngram"): [f"method.max_ngram={HUGE}"]}
+          ("rest", "min_suffix"): [f"method.max_suffix={HUGE}"], ("pld", "min_ngram"): [f"method.max_ngram={HUGE}"],
+          ("medusa", "lora_r"): ["method.variant=medusa2"], ("space", "lora_r"): ["method.lora=true"]}
 PARTNER = {"min_suffix": "max_suffix", "min_ngram": "max_ngram"}  # the rule between them may name the other
 CASES = [(m, k) for m in sorted(bounds.SIZES) if m != "control" for k in bounded(bounds.SIZES[m])]
 
@@ -54,6 +56,11 @@ def test_each_bounded_key_past_its_bound_is_refused_naming_it(method, key):
         validate(cfg)
     named = [f"method.{key}="] + ([f"method.{PARTNER[key]}="] if key in PARTNER else [])
     assert any(str(e.value).startswith(n) for n in named) and "\n" not in str(e.value), str(e.value)
+
+
+def test_lora_rank_is_bounded_only_where_lora_is_used():
+    validate(compose(["model=tiny-llama", "method=medusa", f"method.lora_r={HUGE}"]))  # medusa1: no LoRA
+    validate(compose(["model=tiny-llama", "method=space", f"method.lora_r={HUGE}"]))  # lora: false
 
 
 @pytest.mark.parametrize("key", sorted(bounds.SIZES["control"]))

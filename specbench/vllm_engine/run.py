@@ -45,7 +45,7 @@ def check_environment(python: Path, timeout_s: float) -> str:
     if not python.is_file():
         raise SpecBenchError(f"engine=vllm needs the vLLM environment: {python} not found; {ENV_HINT}")
     try:
-        p = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout_s,
+        p = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout_s, check=False,
                            env=worker_env(python, 1), cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
         raise SpecBenchError(f"engine=vllm: `import vllm` in {python} took longer than {timeout_s:g} s; {ENV_HINT}") from None
