@@ -6,6 +6,7 @@ adaptive length rule, the global trie = this method's own outputs (never the war
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -294,7 +295,7 @@ def test_datastore_is_cached_and_a_damaged_one_is_one_line(tmp_path, capsys):
     again, _ = datastore.load_or_build("tiny-llama", target.tokenizer, [CORPUS], build_missing=False)
     assert np.array_equal(again.sa, ds.sa)
     path.write_bytes(b"garbage")
-    with pytest.raises(SpecBenchError, match="unreadable; delete it"):
+    with pytest.raises(SpecBenchError, match=r"unreadable \(ValueError\); delete it"):
         datastore.load_or_build("tiny-llama", target.tokenizer, [CORPUS])
     assert datastore.main(["--model", "nope", "--corpus", CORPUS]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["specbench: error: unknown model 'nope'; allowed: hf, smollm2-135m, tiny-llama"]
@@ -312,3 +313,26 @@ def test_datastore_reads_jsonl_fields_joined(tmp_path):
     ds, _ = datastore.load_or_build("tiny-llama", target.tokenizer, [f"{jsonl}:q,a"])
     assert ds.tokens.tolist() == target.tokenizer.encode("ab\ncd") + target.tokenizer.encode("e\nf")
     assert ds.meta["entries"] == 2
+
+
+def test_a_truncated_datastore_is_one_line_naming_it():
+    """issue 42: a datastore cut short (a full disk, a copy interrupted) raised zipfile.BadZipFile."""
+    target = tiny_model()
+    _, path = datastore.load_or_build("tiny-llama", target.tokenizer, [CORPUS])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecBenchError, match=rf"datastore {re.escape(str(path))} is unreadable \(BadZipFile\); delete it"):
+        datastore.load_or_build("tiny-llama", target.tokenizer, [CORPUS])
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"q": "b"', r"c.jsonl:2 is not a JSON record \("),  # a bare JSONDecodeError before
+    ('["q"]', "c.jsonl:2 is a JSON list; expected an object"),
+    (b'{"q": "caf\xe9"}', r"c.jsonl:2 is not a JSON record \("),  # not UTF-8
+])
+def test_a_malformed_corpus_line_is_one_line_naming_file_and_line(tmp_path, line, words):
+    target = tiny_model()
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_bytes(b'{"q": "a"}\n' + (line if isinstance(line, bytes) else line.encode()) + b"\n")
+    with pytest.raises(SpecBenchError, match=words):
+        datastore.load_or_build("tiny-llama", target.tokenizer, [f"{jsonl}:q"])
