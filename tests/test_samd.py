@@ -115,13 +115,14 @@ class AuthorsSAM:
 
 
 def authors_lookup(dyn: AuthorsSAM, static: AuthorsSAM, token: int, len_threshold: int, len_bias: int):
-    """DraftModel.lookup: ("sequence", draft) or ("tree", None) for the auxiliary."""
+    """DraftModel.lookup: a sequence from the dynamic or the static automaton, or the auxiliary's
+    tree (named by the automaton that drafted, or "aux")."""
     i_dyn, m_dyn = dyn.lookup(token)
     i_static, m_static = static.lookup(token)
     m_static -= len_bias
     if max(m_dyn, m_static) >= len_threshold:
-        return "sequence", (dyn.gen_draft(i_dyn, token) if m_dyn >= m_static else static.gen_draft(i_static, token))
-    return "tree", None
+        return ("dynamic", dyn.gen_draft(i_dyn, token)) if m_dyn >= m_static else ("static", static.gen_draft(i_static, token))
+    return "aux", None
 
 
 def chunks(text: list[int], cuts: list[int]) -> list[list[int]]:
@@ -181,13 +182,15 @@ def test_static_index_is_the_authors_automaton(corpus, text, cuts, n_predicts):
         theirs.transfer_tokens(part)
 
 
-@pytest.mark.parametrize("aux", ["eagle", "pld"])
-def test_every_proposal_is_the_authors_lookup(aux):
+@pytest.mark.parametrize("aux, bias", [("eagle", 2), ("pld", 12)])
+def test_every_proposal_is_the_authors_lookup(aux, bias):
     """End to end on the tiny model: each step's source and retrieved chain are what the authors'
-    DraftModel.lookup returns for the same history (their automata fed as their SamdModel feeds them)."""
+    DraftModel.lookup returns for the same history (their automata fed as their SamdModel feeds them).
+    With bias 12 the (dynamic, static) lengths include ties after the bias, (24, 36), and a static match
+    that only wins unbiased, (0, 12)."""
     target = tiny_model(init_std=0.1)
     corpus = own_corpus(target)
-    m = samd(target, aux, corpus_tokens=corpus, n_predicts=8, len_threshold=3, len_bias=2)
+    m = samd(target, aux, corpus_tokens=corpus, n_predicts=8, len_threshold=3, len_bias=bias)
     seen, propose = [], m.propose
 
     def spy(k_max):
@@ -209,9 +212,9 @@ def test_every_proposal_is_the_authors_lookup(aux):
             new, fed = tokens[fed:-1], len(tokens) - 1
             dyn.add_tokens(new)
             static.transfer_tokens(new)
-            kind, draft = authors_lookup(dyn, static, tokens[-1], 3, 2)
-            assert (kind == "tree") == (source == "aux"), (tokens, source)
-            if kind == "sequence":
+            kind, draft = authors_lookup(dyn, static, tokens[-1], 3, bias)
+            assert kind == source, (tokens, source)
+            if kind != "aux":
                 assert drafted == draft[1:][: len(drafted)] and (len(drafted) == k_max or not any(draft[1 + len(drafted) :]))
             sources[source] += 1
     assert set(sources) == {"dynamic", "static", "aux"}, sources  # every source was exercised
