@@ -44,6 +44,8 @@ SIZES = {
     "rest": {"max_suffix": CONTEXT, "min_suffix": CONTEXT, "continuation_len": CONTEXT, "num_draft": WIDTH,
              "max_matches": "capped by the occurrences the datastore holds (Datastore.continuations)"},
     "suffix": {"max_depth": CONTEXT, "max_spec_tokens": WIDTH},
+    "samd": {"n_predicts": WIDTH, "len_threshold": CONTEXT,
+             "len_bias": "a length handicap of the static match; any integer is a rule, none a size"},
     "self_sd": {"skip.attn": LAYERS, "skip.mlp": LAYERS, "draft_vocab.size": VOCAB},
     "space": {"k": WIDTH, "lora_r": "hidden (lora: true)", "seed": "not a size"},
     "vanilla_sd": {"draft.num_layers": LAYERS},

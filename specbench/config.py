@@ -239,6 +239,8 @@ def rules(cfg) -> None:
     lo, hi = _get(cfg, "method.min_suffix"), _get(cfg, "method.max_suffix")
     if _get(cfg, "method.name") == "rest" and _present(lo, hi) and hi < lo:
         raise _bad("method.max_suffix", hi, f"an integer >= method.min_suffix ({lo})")
+    if _get(cfg, "method.name") == "samd":
+        _aux_settings(cfg)
     if _get(cfg, "model.loader") == "tiny":
         hidden, heads, kv = (_get(cfg, f"model.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
         if _present(hidden, heads) and hidden % heads:
@@ -254,6 +256,18 @@ def rules(cfg) -> None:
     engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)
     if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
         check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
+
+
+def _aux_settings(cfg) -> None:
+    """SAM-Decoding's `aux_settings`: keys of its auxiliary drafter's own table (not its name)."""
+    aux, over = _get(cfg, "method.aux"), _get(cfg, "method.aux_settings")
+    if over is ABSENT or aux not in schema.METHODS:
+        return
+    if not isinstance(over, dict):
+        raise _bad("method.aux_settings", over, f"a mapping of method.aux={aux}'s settings")
+    if "name" in over:
+        raise SpecBenchError("method.aux_settings.name is not allowed; choose the auxiliary with method.aux")
+    _walk(cfg, "method.aux_settings", schema.METHODS[aux], f" for the auxiliary method.aux={aux}")
 
 
 # ----------------------------------------------------------------------------- resource bounds

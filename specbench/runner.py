@@ -116,6 +116,9 @@ def summarize_system(gens: list[Generation]) -> dict:
         rec["acceptance"] = acceptance_metrics(steps, tokens, len(gens))
         rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
     rec["steps"] = [s.row() for s in steps]
+    sources = [src for g in gens for src in g.extra.get("draft_source", [])]
+    if sources:  # which drafter proposed each step (SAM-Decoding), parallel to `steps`
+        rec["draft_source"] = sources
     rec["step_times"] = [t for g in gens for t in g.step_times]
     return rec
 
