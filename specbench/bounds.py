@@ -254,6 +254,13 @@ def _suffix(m, lim: Limits) -> list[int]:
     return [_width("method.max_spec_tokens", n, n + 1, "the tree's nodes and its root", lim)] if _int(n) else []
 
 
+def _samd(m, lim: Limits) -> list[int]:
+    if _int(v := m("len_threshold")):
+        _context("method.len_threshold", v, lim, "a match length")
+    n = m("n_predicts")  # a retrieved chain: the pending token and up to n_predicts - 1 drafts
+    return [_width("method.n_predicts", n, n, "the pending token and the retrieved chain", lim, profiled=False)] if _int(n) else []
+
+
 def _space(m, lim: Limits) -> list[int]:
     k = m("k")
     if not _int(k):
@@ -270,7 +277,7 @@ def _assisted(m, lim: Limits) -> list[int]:
 
 
 METHOD_CHECKS = {"eagle": _eagle, "eagle3": _eagle, "medusa": _heads, "hydra": _heads, "pld": _ngrams,
-                 "token_recycling": _token_recycling, "lookahead": _lookahead, "rest": _rest, "suffix": _suffix,
+                 "token_recycling": _token_recycling, "lookahead": _lookahead, "rest": _rest, "suffix": _suffix, "samd": _samd,
                  "space": _space, "hf_assisted": _assisted}
 
 
