@@ -111,6 +111,10 @@ def summarize_system(gens: list[Generation]) -> dict:
         rec["pos_drafted"], rec["pos_accepted"] = position_acceptance(steps)
     rec["steps"] = [s.row() for s in steps]
     rec["step_times"] = [t for g in gens for t in g.step_times]
+    # what a method records of itself per generation (SWIFT's layer sets over time), one entry per turn
+    extra = [{k: v for k, v in g.extra.items() if k != "prompt_len"} for g in gens]
+    if any(extra):
+        rec["extra"] = extra
     return rec
 
 
