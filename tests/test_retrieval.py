@@ -36,7 +36,7 @@ def store(tokens) -> Datastore:
 
 def rest(target, sampling=None, **kw):
     kw = {"corpus": [CORPUS], "max_suffix": 16, "min_suffix": 2, "max_matches": 5000, "continuation_len": 10,
-          "num_draft": 64} | kw
+          "num_draft": 64, "cut": "paths"} | kw
     m = build("rest", target, method_cfg("rest", **kw), **({"sampling": sampling} if sampling else {}))
     return m
 
@@ -62,12 +62,12 @@ def test_suffix_array_sorts_every_suffix(tokens):
 # -- greedy: AR's tokens, whatever the settings ----------------------------------------------------
 @settings(max_examples=30, **SETTINGS)
 @given(target_name=st.sampled_from(list(TARGETS)), max_suffix=st.integers(1, 16), min_suffix=st.integers(1, 3),
-       num_draft=st.integers(1, 64), cont=st.integers(1, 10), matches=st.integers(1, 50), prompt=prompts,
-       seed=st.integers(0, 2**31 - 1), max_new=st.integers(1, 40), eos_at=st.one_of(st.none(), st.integers(0, 39)))
-def test_rest_greedy_equals_ar(target_name, max_suffix, min_suffix, num_draft, cont, matches, prompt, seed, max_new, eos_at):
+       num_draft=st.integers(1, 64), cont=st.integers(1, 10), matches=st.integers(1, 50), cut=st.sampled_from(["paths", "nodes"]),
+       prompt=prompts, seed=st.integers(0, 2**31 - 1), max_new=st.integers(1, 40), eos_at=st.one_of(st.none(), st.integers(0, 39)))
+def test_rest_greedy_equals_ar(target_name, max_suffix, min_suffix, num_draft, cont, matches, cut, prompt, seed, max_new, eos_at):
     target = tiny_model(**TARGETS[target_name])
     m = rest(target, max_suffix=max(max_suffix, min_suffix), min_suffix=min_suffix, num_draft=num_draft,
-             continuation_len=cont, max_matches=matches)
+             continuation_len=cont, max_matches=matches, cut=cut)
     m.datastore = store(own_corpus(target))
     check_lossless(target, m, prompt, max_new, seed, eos_at, cont)
 
@@ -160,7 +160,7 @@ def proposal_paths(prop) -> list[tuple[int, ...]]:
        max_len=st.integers(1, 8), min_len=st.integers(1, 3), cont=st.integers(1, 6), num_draft=st.integers(1, 40))
 def test_rest_trie_is_the_most_frequent_prefixes_of_the_longest_suffix_continuations(tokens, context, max_len, min_len, cont, num_draft):
     max_len = max(max_len, min_len)
-    m = rest(tiny_model(), max_suffix=max_len, min_suffix=min_len, continuation_len=cont, num_draft=num_draft)
+    m = rest(tiny_model(), max_suffix=max_len, min_suffix=min_len, continuation_len=cont, num_draft=num_draft, cut="nodes")
     m.datastore = store(tokens)
     m.tokens = list(context)
     want = naive_trie(tokens, context, max_len, min_len, cont)
@@ -180,13 +180,59 @@ def test_rest_trie_is_the_most_frequent_prefixes_of_the_longest_suffix_continuat
 
 
 def test_rest_keeps_the_most_frequent_branch_not_the_first_seen():
-    m = rest(tiny_model(), min_suffix=1, max_suffix=1, continuation_len=2, num_draft=2)
+    m = rest(tiny_model(), min_suffix=1, max_suffix=1, continuation_len=2, num_draft=2, cut="nodes")
     m.datastore = store([1, 5, 8, 1, 9, 6, 1, 9, 6, 1, 9, 7])  # after 1: 5 once (first in order), 9 three times
     m.tokens = [1]
     prop = m.propose(0)
     assert proposal_paths(prop) == [(9,), (9, 6)]
     m.num_draft = 4
     assert proposal_paths(m.propose(0)) == [(9,), (5,), (9, 6), (5, 8)]  # rank 0: the more frequent; ties: first seen
+
+
+def authors_cut_to_choices(paths: list[tuple[int, ...]], choices: int) -> list[tuple[int, ...]]:
+    """draftretriever's cut_to_choices (DraftRetriever/src/lib.rs), restated: weigh each path by its
+    distinct token values, stable-sort heaviest first, drop paths while the weights sum above `choices`."""
+    count = sorted(((len(set(p)), paths.index(p)) for p in paths), key=lambda c: -c[0])
+    total, remove = sum(c for c, _ in count), []
+    for c, i in count:
+        if total > choices:
+            total -= c
+            remove.append(i)
+        else:
+            break
+    return [p for i, p in enumerate(paths) if i not in remove]
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(st.integers(3, 5), min_size=1, max_size=120), context=st.lists(st.integers(3, 5), min_size=1, max_size=6),
+       cont=st.integers(1, 8), num_draft=st.integers(1, 48), seed=st.integers(0, 1000))
+def test_rest_path_cut_is_the_authors_cut_to_choices(tokens, context, cont, num_draft, seed):
+    """On the same retrieved continuations: the authors' cut of the `num_draft` most frequent prefixes
+    (in the order that breaks its ties as ours does) keeps exactly our trie; in any other order of its
+    ties it keeps as many nodes."""
+    wide, cut = (rest(tiny_model(), min_suffix=1, continuation_len=cont, num_draft=num_draft, cut=c) for c in ("nodes", "paths"))
+    for m in (wide, cut):
+        m.datastore, m.tokens = store(tokens), list(context)
+    kept = proposal_paths(cut.propose(0)) if cut.propose(0).tree is not None else []
+    heap = proposal_paths(wide.propose(0)) if wide.propose(0).tree is not None else []
+    rows = [tuple(t for t in r if t >= 0) for r in cut.retrieve(context).tolist()]
+    count = {p: sum(r[: len(p)] == p for r in rows) for p in heap}
+    first = {p: min(i for i, r in enumerate(rows) if r[: len(p)] == p) for p in heap}
+    ours_order = sorted(heap, key=lambda p: (-len(p), count[p], -first[p]))  # deeper, rarer, later seen first
+    assert sorted(authors_cut_to_choices(ours_order, num_draft)) == sorted(kept)
+    assert sum(len(set(p)) for p in kept) <= num_draft
+    shuffled = list(heap)
+    np.random.default_rng(seed).shuffle(shuffled)
+    assert len(authors_cut_to_choices(shuffled, num_draft)) == len(kept)
+
+
+def test_rest_path_cut_counts_distinct_tokens_not_length():
+    """Paths whose tokens repeat weigh less than their length: (4, 4, 4) weighs 1, so it stays."""
+    m = rest(tiny_model(), min_suffix=1, max_suffix=1, continuation_len=3, num_draft=4)
+    m.datastore, m.tokens = store([1, 4, 4, 4, 1, 4, 4, 4]), [1]
+    assert sorted(proposal_paths(m.propose(0))) == [(4,), (4, 4), (4, 4, 4)]
+    m.datastore = store([1, 4, 5, 6, 1, 4, 5, 6])  # the same shape, distinct tokens: weights 1 + 2 + 3 > 4
+    assert sorted(proposal_paths(m.propose(0))) == [(4,), (4, 5)]
 
 
 def test_rest_reads_at_most_max_matches_occurrences():
@@ -265,6 +311,7 @@ def test_global_trie_holds_exactly_the_methods_own_outputs_and_drafts_only_what_
 @pytest.mark.parametrize("name, kw, words", [
     ("rest", {"max_suffix": 0}, "method.max_suffix=0"), ("rest", {"num_draft": 0}, "method.num_draft=0"),
     ("rest", {"min_suffix": 5, "max_suffix": 3}, "method.min_suffix=5 is above"),
+    ("rest", {"cut": "heap"}, "unknown method.cut 'heap'; allowed: nodes, paths"),
     ("rest", {"corpus": ["/nonexistent.txt"]}, "'/nonexistent.txt' not found"), ("rest", {"corpus": []}, "corpus is empty"),
     ("rest", {"corpus": [CORPUS], "build_missing": False}, "python -m specbench.datastore"),
     ("suffix", {"max_depth": 0}, "method.max_depth=0"), ("suffix", {"min_token_prob": 2}, "method.min_token_prob=2"),
