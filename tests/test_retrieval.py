@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import CONF, ar_tokens, build, method_cfg, run_cli, tiny_model
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_lossless import SETTINGS, TARGETS, check_lossless, prompts
 from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
@@ -43,7 +43,7 @@ def rest(target, sampling=None, **kw):
 
 def suffix(target, sampling=None, **kw):
     kw = {"max_depth": 24, "max_spec_tokens": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0,
-          "min_token_prob": 0.1} | kw
+          "min_token_prob": 0.1, "spec": "tree"} | kw
     return build("suffix", target, method_cfg("suffix", **kw), **({"sampling": sampling} if sampling else {}))
 
 
@@ -80,15 +80,15 @@ def test_rest_greedy_equals_ar(target_name, max_suffix, min_suffix, num_draft, c
 def test_suffix_greedy_equals_ar(target_name, depth, spec, factor, offset, min_prob, reset, prompt, seed, max_new, eos_at):
     target = tiny_model(**TARGETS[target_name])
     m = suffix(target, max_depth=depth, max_spec_tokens=spec, max_spec_factor=factor, max_spec_offset=offset,
-               min_token_prob=min_prob, reset_per_sequence=reset)
+               min_token_prob=min_prob, reset_per_sequence=reset, spec="path" if seed % 2 else "tree")
     m.generate(REPETITIVE, 20, frozenset(), 0)  # an earlier output in the global trie (kept unless reset)
     check_lossless(target, m, prompt, max_new, seed, eos_at, spec)
 
 
-@pytest.mark.parametrize("name", ["rest", "suffix"])
-def test_acceptance_is_exercised(name):
+@pytest.mark.parametrize("name, kw", [("rest", {}), ("rest", {"cut": "nodes"}), ("suffix", {}), ("suffix", {"spec": "path"})])
+def test_acceptance_is_exercised(name, kw):
     target = tiny_model(init_std=0.1)
-    m = rest(target) if name == "rest" else suffix(target)
+    m = rest(target, **kw) if name == "rest" else suffix(target, **kw)
     if name == "rest":
         m.datastore = store(own_corpus(target))
     accepted = 0
@@ -280,6 +280,40 @@ def test_speculation_probabilities_are_count_ratios():
     assert trie.speculate([9, 1, 2], 10, 10.0, 0.0, 0.5).tokens == [3]  # min_token_prob prunes
 
 
+def test_path_mode_drafts_one_path_the_most_frequent_continuation():
+    """spec=path (arctic's `_speculate_path`, what vLLM calls): a chain, the most frequent child at every
+    node while the path's probability stays >= min_token_prob; the tree grown from the same node holds it."""
+    trie = SuffixTrie(8)
+    for i, seq in enumerate([[1, 2, 3, 5, 8], [1, 2, 3, 6], [1, 2, 3, 6], [1, 2, 4, 7]]):
+        trie.extend(i, seq)
+    path = trie.speculate([9, 1, 2], 10, 10.0, 0.0, 0.0, tree=False)
+    assert path.tokens == [3, 6] and path.parents == [-1, 0] and path.match_len == 2
+    assert path.probs == pytest.approx([3 / 4, 3 / 4 * 2 / 3]) and path.score == pytest.approx(3 / 4 + 1 / 2)
+    assert trie.speculate([9, 1, 2], 10, 10.0, 0.0, 0.6, tree=False).tokens == [3]  # 1/2 < 0.6 stops it
+    tree = trie.speculate([9, 1, 2], 10, 10.0, 0.0, 0.0)
+    assert len(tree.tokens) > 2 and tree.tokens[:1] == [3] and 6 in tree.tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=st.lists(st.lists(st.integers(3, 6), min_size=1, max_size=12), min_size=1, max_size=5),
+       pattern=st.lists(st.integers(3, 6), min_size=1, max_size=4))
+def test_path_mode_proposes_a_chain_of_most_frequent_children(seqs, pattern):
+    m = suffix(tiny_model(), spec="path", max_depth=8, max_spec_tokens=8, max_spec_factor=4.0, min_token_prob=0.0)
+    m.start(pattern)
+    m.tokens = list(pattern)  # the pattern's last token pending (the model's first token would match nothing)
+    for i, seq in enumerate(seqs):
+        m.global_trie.extend(-1 - i, seq)
+    cand = m.speculate()
+    prop = m.propose(0)
+    assume(prop.tree is not None)
+    assert all(len(kids) <= 1 for kids in prop.tree.children)  # a single path
+    trie = m.global_trie if m.source == "global" else m.local_trie
+    node = trie.match(m.tokens[len(m.tokens) - cand.match_len :])
+    for t in prop.tokens:  # each step: the most frequent child of the node before
+        assert node.children[t].count == max(c.count for c in node.children.values())
+        node = node.children[t]
+
+
 def test_global_trie_holds_exactly_the_methods_own_outputs_and_drafts_only_what_it_saw():
     target = tiny_model(init_std=0.1)
     m = suffix(target, max_depth=6)
@@ -315,6 +349,7 @@ def test_global_trie_holds_exactly_the_methods_own_outputs_and_drafts_only_what_
     ("rest", {"corpus": ["/nonexistent.txt"]}, "'/nonexistent.txt' not found"), ("rest", {"corpus": []}, "corpus is empty"),
     ("rest", {"corpus": [CORPUS], "build_missing": False}, "python -m specbench.datastore"),
     ("suffix", {"max_depth": 0}, "method.max_depth=0"), ("suffix", {"min_token_prob": 2}, "method.min_token_prob=2"),
+    ("suffix", {"spec": "dag"}, "unknown method.spec 'dag'; allowed: path, tree"),
     ("suffix", {"max_spec_factor": -1}, "method.max_spec_factor=-1"), ("suffix", {"max_spec_tokens": 1.5}, "method.max_spec_tokens=1.5"),
 ])
 def test_bad_settings_are_one_line_errors(name, kw, words):
