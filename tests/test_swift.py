@@ -7,6 +7,7 @@ controller is tests/test_every_method.py's."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -15,11 +16,11 @@ from helpers import CONF, GREEDY, ar_tokens, build, control, run_cli, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
-from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
+from test_medusa import E2E_SAMPLING, check_sampling_matches_target
 from test_runner import make_cfg, records
 
 import specbench.methods.swift as swift_module
-import specbench.runner as runner
+from specbench import runner
 from specbench.engine.tree import TokenTree
 from specbench.errors import SpecBenchError
 from specbench.methods import swift_search as S
@@ -273,7 +274,7 @@ def test_run_records_layer_sets_and_times_the_optimisation(tmp_path, data_dir):
     assert s["matches_ar"] == len(recs) and all("extra" not in r["ar"] for r in recs)
     logs = [r["method"]["extra"][0]["swift"] for r in recs]
     assert any(log["iterations"] for log in logs)
-    for a, b in zip(logs, logs[1:]):  # each sample starts with the set the one before ended with
+    for a, b in itertools.pairwise(logs):  # each sample starts with the set the one before ended with
         assert b["layer_sets"][0][1:] == a["layer_sets"][-1][1:]
     assert s["method"]["times"]["optimize"] > 0 and "optimize" in s["printed"]
 

@@ -40,7 +40,14 @@ from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.self_sd import skipped_draft
-from specbench.methods.swift_search import SearchState, Settings, candidate, num_skipped, unified_init, update
+from specbench.methods.swift_search import (
+    SearchState,
+    Settings,
+    candidate,
+    num_skipped,
+    unified_init,
+    update,
+)
 from specbench.models import LayerSkip
 
 TOPK = 10  # the authors' TOPK: the most candidates one depth can have

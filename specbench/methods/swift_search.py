@@ -63,7 +63,7 @@ class Settings:
     optimize: bool
 
     @classmethod
-    def from_cfg(cls, cfg) -> "Settings":
+    def from_cfg(cls, cfg) -> Settings:
         out = {}
         for key, (kind, lo, hi) in SETTINGS.items():
             v = cfg.get(key)
