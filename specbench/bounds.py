@@ -44,6 +44,11 @@ SIZES = {
     "rest": {"max_suffix": CONTEXT, "min_suffix": CONTEXT, "continuation_len": CONTEXT, "num_draft": WIDTH,
              "max_matches": "capped by the occurrences the datastore holds (Datastore.continuations)"},
     "suffix": {"max_depth": CONTEXT, "max_spec_tokens": WIDTH},
+    "swift": {"context_window": CONTEXT,
+              "opt_interval": "how many verifications between search iterations: a rate, not a size",
+              "bayes_interval": "how many search iterations between Bayesian ones: a rate, not a size",
+              "max_opt_iter": "a count of search iterations (each costs one skipped forward over context_window tokens)",
+              "max_tolerance_iter": "a count of search iterations"},
     "samd": {"n_predicts": WIDTH, "len_threshold": CONTEXT,
              "len_bias": "a length handicap of the static match; any integer is a rule, none a size"},
     "self_sd": {"skip.attn": LAYERS, "skip.mlp": LAYERS, "draft_vocab.size": VOCAB},
@@ -261,6 +266,12 @@ def _samd(m, lim: Limits) -> list[int]:
     return [_width("method.n_predicts", n, n, "the pending token and the retrieved chain", lim, profiled=False)] if _int(n) else []
 
 
+def _swift(m, lim: Limits) -> list[int]:
+    if _int(v := m("context_window")):
+        _context("method.context_window", v, lim, "the output tokens a candidate layer set is scored on")
+    return []
+
+
 def _space(m, lim: Limits) -> list[int]:
     k = m("k")
     if not _int(k):
@@ -277,7 +288,7 @@ def _assisted(m, lim: Limits) -> list[int]:
 
 
 METHOD_CHECKS = {"eagle": _eagle, "eagle3": _eagle, "medusa": _heads, "hydra": _heads, "pld": _ngrams,
-                 "token_recycling": _token_recycling, "lookahead": _lookahead, "rest": _rest, "suffix": _suffix, "samd": _samd,
+                 "token_recycling": _token_recycling, "lookahead": _lookahead, "rest": _rest, "suffix": _suffix, "samd": _samd, "swift": _swift,
                  "space": _space, "hf_assisted": _assisted}
 
 

@@ -120,6 +120,10 @@ def summarize_system(gens: list[Generation]) -> dict:
     if sources:  # which drafter proposed each step (SAM-Decoding), parallel to `steps`
         rec["draft_source"] = sources
     rec["step_times"] = [t for g in gens for t in g.step_times]
+    # what a method records of itself per generation (SWIFT's layer sets over time), one entry per turn
+    extra = [{k: v for k, v in g.extra.items() if k != "prompt_len"} for g in gens]
+    if any(extra):
+        rec["extra"] = extra
     return rec
 
 
