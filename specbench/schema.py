@@ -214,7 +214,6 @@ METHODS = {
              "cut": CHOICE("paths", "nodes")},
     "suffix": {"name": STR(), "spec": CHOICE("tree", "path"), "max_depth": INT(1), "max_spec_tokens": INT(1),
                "max_spec_factor": NUM(0), "max_spec_offset": NUM(), "min_token_prob": FRACTION(), "reset_per_sequence": BOOL()},
-               "max_spec_offset": NUM(), "min_token_prob": FRACTION(), "reset_per_sequence": BOOL()},
     "samd": {"name": STR(), "n_predicts": INT(2), "len_threshold": INT(0), "len_bias": INT(),
              "corpus": LIST(STR(), empty=True), "build_missing": BOOL(), "aux": CHOICE(*SAMD_AUX),
              "aux_settings": ANY},  # a mapping of the auxiliary's keys (config.rules checks them against its table)
