@@ -136,7 +136,9 @@ def main() -> None:
     cfg = OmegaConf.load(run / "config.yaml")
     torch.set_grad_enabled(False)
     target = load_model(cfg.model)
-    m = build_method("rest", target, cfg.method, SamplingConfig(), {"cfg": cfg})
+    # a run made before `method.cut` existed used the node cut (all num_draft prefixes kept)
+    method_cfg = OmegaConf.merge({"cut": "nodes"}, cfg.method)
+    m = build_method("rest", target, method_cfg, SamplingConfig(), {"cfg": cfg})
     samples = {s.id: s for s in build_task(cfg.task).load()}
     recs = [json.loads(line) for line in open(run / "samples.jsonl")]
 

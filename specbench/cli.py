@@ -8,9 +8,11 @@ import hydra
 from omegaconf import DictConfig
 
 from specbench.config import CONF_DIR, fail, precheck
-from specbench.errors import SpecBenchError
+from specbench.errors import Interrupted, SpecBenchError
 from specbench.help import main_help, wants_help
 from specbench.vllm_engine.hooks import engine_argv
+
+NOTHING_WRITTEN = "before this run wrote anything (runs a sweep finished are kept); run the same command to start again"
 
 
 def main() -> None:
@@ -21,8 +23,6 @@ def main() -> None:
         sys.argv[1:] = engine_argv(sys.argv[1:])
     except SpecBenchError as e:
         fail(str(e))
-    # every job of the command (each combination of a multirun) is composed and validated first
-    precheck(sys.argv[1:])
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg: DictConfig) -> None:
@@ -37,10 +37,24 @@ def main() -> None:
                 from specbench.runner import run
 
                 run(cfg)
+        except Interrupted as e:  # the run dir was open: what it kept
+            interrupted(str(e))
+        except KeyboardInterrupt:  # before the run dir was opened
+            interrupted(NOTHING_WRITTEN)
         except SpecBenchError as e:
             fail(str(e))
 
-    _main()
+    try:
+        # every job of the command (each combination of a multirun) is composed and validated first
+        precheck(sys.argv[1:])
+        _main()
+    except KeyboardInterrupt:  # while validating, or where Hydra itself was
+        interrupted(NOTHING_WRITTEN)
+
+
+def interrupted(message: str) -> None:
+    print(f"specbench: interrupted: {message}", file=sys.stderr)
+    raise SystemExit(Interrupted.exit_code)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from specbench import modelinfo, schema
-from specbench.errors import SpecBenchError
+from specbench import bounds, modelinfo, schema
+from specbench.errors import SpecBenchError, bad_value, show_value
 from specbench.rundir import check_run_dir
 from specbench.vllm_engine.hooks import engine_rules, method_configs, method_options
 
@@ -165,15 +165,7 @@ def _get(cfg, key: str):
     return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
-def _show(v) -> str:
-    """A value as the command line writes it (null, true), strings quoted."""
-    if v is None:
-        return "null"
-    return str(v).lower() if isinstance(v, bool) else repr(v)
-
-
-def _bad(key: str, value, allowed: str) -> SpecBenchError:
-    return SpecBenchError(f"{key}={_show(value)} is not allowed; expected {allowed}")
+_show, _bad = show_value, bad_value
 
 
 def check_value(key: str, value, spec: schema.Key) -> None:
@@ -247,6 +239,8 @@ def rules(cfg) -> None:
     lo, hi = _get(cfg, "method.min_suffix"), _get(cfg, "method.max_suffix")
     if _get(cfg, "method.name") == "rest" and _present(lo, hi) and hi < lo:
         raise _bad("method.max_suffix", hi, f"an integer >= method.min_suffix ({lo})")
+    if _get(cfg, "method.name") == "samd":
+        _aux_settings(cfg)
     if _get(cfg, "model.loader") == "tiny":
         hidden, heads, kv = (_get(cfg, f"model.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
         if _present(hidden, heads) and hidden % heads:
@@ -264,15 +258,24 @@ def rules(cfg) -> None:
         check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
 
 
+def _aux_settings(cfg) -> None:
+    """SAM-Decoding's `aux_settings`: keys of its auxiliary drafter's own table (not its name)."""
+    aux, over = _get(cfg, "method.aux"), _get(cfg, "method.aux_settings")
+    if over is ABSENT or aux not in schema.METHODS:
+        return
+    if not isinstance(over, dict):
+        raise _bad("method.aux_settings", over, f"a mapping of method.aux={aux}'s settings")
+    if "name" in over:
+        raise SpecBenchError("method.aux_settings.name is not allowed; choose the auxiliary with method.aux")
+    _walk(cfg, "method.aux_settings", schema.METHODS[aux], f" for the auxiliary method.aux={aux}")
+
+
 # ----------------------------------------------------------------------------- resource bounds
-# keys that set how many tokens one forward verifies or drafts: never more than the model's context
-WIDTHS = ("control.k", "control.k_max", "method.k", "method.num_nodes", "method.num_heads")
-
-
 def resources(cfg) -> None:
     """Bounds that need the model's shape (read without its weights): layer indices and draft
-    depths within the model, widths within its context, profile sizes within its context and
-    the memory there is, a tiny model's weights within the memory there is."""
+    depths within the model, every method's and controller's sizes within its vocabulary, context
+    and memory (specbench/bounds.py), profile sizes within its context and the memory there is, a
+    tiny model's weights within the memory there is."""
     if _get(cfg, "model") is ABSENT or (shape := modelinfo.model_shape(cfg.model)) is None:
         return
     of = f"the model {shape.name}"
@@ -290,12 +293,16 @@ def resources(cfg) -> None:
         raise _bad("method.layers", layers, f"'auto' or three layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
     if _present(size := _get(cfg, "method.draft_vocab.size")) and size > shape.vocab:
         raise _bad("method.draft_vocab.size", size, f"at most the vocabulary, {shape.vocab} tokens, or null")
-    for key in WIDTHS:
-        if shape.context and _present(v := _get(cfg, key)) and isinstance(v, int) and v >= shape.context:
-            raise _bad(key, v, f"an integer below {shape.context}, the context length of {of}")
+    if shape.context and _present(warm := _get(cfg, "warmup_tokens")) and warm >= shape.context:
+        raise _bad("warmup_tokens", warm, f"an integer below {shape.context}, the context length of {of}")
     _memory(cfg, shape)
-    if _get(cfg, "profile.enabled") is True:
+    profiled = _get(cfg, "profile.enabled") is True
+    if profiled:
         _profile(cfg, shape)
+    if _get(cfg, "engine.name") in (ABSENT, None, "native"):  # engine=vllm: vLLM's methods, its own bounds
+        free = modelinfo.available_bytes() if _on_cpu(cfg) else None
+        lim = bounds.Limits(shape, _get(cfg, "profile.context") if profiled else None, free, _width(cfg))
+        bounds.check(lambda key: None if (v := _get(cfg, key)) is ABSENT else v, lim)
 
 
 def _on_cpu(cfg) -> bool:
@@ -321,6 +328,7 @@ def _memory(cfg, shape) -> None:
 
 
 def _profile(cfg, shape) -> None:
+    """profile.ks after profile.context (the method's verify widths, which it measures too: bounds.py)."""
     ks, context = _get(cfg, "profile.ks"), _get(cfg, "profile.context")
     if not isinstance(ks, list) or not ks or not _present(context):
         return

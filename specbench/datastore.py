@@ -26,6 +26,8 @@ import hashlib
 import json
 import os
 import sys
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,14 +134,21 @@ def entries(path: Path, fields: list[str] | None):
     if fields is None:
         yield path.read_text(errors="replace")
         return
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                rec = json.loads(line)
-                missing = [k for k in fields if k not in rec]
-                if missing:
-                    raise SpecBenchError(f"datastore corpus {path}: record {n} has no field {missing[0]!r}; it has {sorted(rec)}")
-                yield "\n".join(str(rec[k]) for k in fields)
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                rec = json.loads(raw) if raw.strip() else None
+            except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+                raise SpecBenchError(f"datastore corpus {path}:{n} is not a JSON record ({getattr(e, 'msg', None) or e}); "
+                                     "fix or remove that line") from None
+            if rec is None:
+                continue
+            if not isinstance(rec, dict):
+                raise SpecBenchError(f"datastore corpus {path}:{n} is a JSON {type(rec).__name__}; expected an object with {fields}")
+            missing = [k for k in fields if k not in rec]
+            if missing:
+                raise SpecBenchError(f"datastore corpus {path}:{n} has no field {missing[0]!r}; it has {sorted(rec)}")
+            yield "\n".join(str(rec[k]) for k in fields)
 
 
 def corpus_hash(specs: list[tuple[Path, list[str] | None]]) -> str:
@@ -183,9 +192,9 @@ def load_or_build(model: str, tokenizer, corpus: list[str], data_dir: str | None
         try:
             with np.load(path) as z:
                 return Datastore(z["tokens"], z["sa"], json.loads(str(z["meta"]))), path
-        except (OSError, ValueError, KeyError):
-            raise SpecBenchError(f"datastore {path} is unreadable; delete it and re-create it with "
-                                 f"`python -m specbench.datastore --model {model} --corpus ...`") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # truncated: BadZipFile
+            raise SpecBenchError(f"datastore {path} is unreadable ({type(e).__name__}); delete it and re-create it with "
+                                 f"`python -m specbench.datastore --model {model} --corpus {' '.join(corpus)}`") from None
     if not build_missing:
         raise SpecBenchError(f"no datastore for {model} and this corpus; build it with `python -m specbench.datastore --model {model} --corpus {' '.join(corpus)}`")
     ds = build(tokenizer, specs)

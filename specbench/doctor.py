@@ -34,7 +34,8 @@ REPO = CONF_DIR.parent
 DEVICES = ("cuda", "cpu")
 PROMPT = "Write a short Python function that returns the n-th Fibonacci number, and explain it."
 # what the untrained parts need beyond conf/method/<name>.yaml (as tests/test_every_method.py)
-UNTRAINED = {"medusa": {"tree_from_accuracies": None, "sizes": [2, 2, 1, 1]}}
+UNTRAINED = {"medusa": {"tree_from_accuracies": None, "sizes": [2, 2, 1, 1]},
+             "samd": {"aux_settings": {"allow_untrained": True}}}  # its auxiliary's head (EAGLE-2's)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -8,3 +8,20 @@ class SpecBenchError(Exception):
 def choice_error(kind: str, value, allowed) -> SpecBenchError:
     allowed = ", ".join(sorted(str(a) for a in allowed))
     return SpecBenchError(f"unknown {kind} {value!r}; allowed: {allowed}")
+
+
+def show_value(v) -> str:
+    """A value as the command line writes it (null, true), strings quoted."""
+    if v is None:
+        return "null"
+    return str(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def bad_value(key: str, value, allowed: str) -> SpecBenchError:
+    return SpecBenchError(f"{key}={show_value(value)} is not allowed; expected {allowed}")
+
+
+class Interrupted(SpecBenchError):
+    """Ctrl-C during a run: what was kept and how to go on, one line, exit code 130 (128 + SIGINT)."""
+
+    exit_code = 130

@@ -56,10 +56,11 @@ def ensure_trained(cfg, target) -> list[Part]:
               f"(first use; budget train.first_use, method.train_if_missing=false to skip); cached at {part.path}",
               file=sys.stderr, flush=True)
         start = time.monotonic()
+        run = budget if part.method is None else OmegaConf.merge(budget, {"method": None}, {"method": part.method})
         if isinstance(part.train, str):
-            train_model(budget, target, part.train)
+            train_model(run, target, part.train)
         else:
-            part.train(budget, target)
+            part.train(run, target)
         if not part.path.is_file():
             raise SpecBenchError(f"training {what} finished but wrote nothing at {part.path}")
         print(f"specbench: trained {what} in {(time.monotonic() - start) / 60:.1f} min{_summary(part.path)}",

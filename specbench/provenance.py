@@ -6,10 +6,12 @@ A run's fingerprint (config.json, specbench/rundir.py) holds `provenance`:
              seed and shape are in the config already, its key is recorded.
   artifacts: each trained or given file a method names (its describe(): EESD exit layer,
              Cali-TS predictor, Medusa/EAGLE/SPACE heads, distilled draft, skip set, draft
-             vocabulary) and each existing path among the method's and controller's settings:
-             path and SHA-256, under the key that names it.
-So new weights at the same `model.id`, or a cached checkpoint replaced by a new training, make a
-resumption a different run (refused in one line naming what changed), never a silent mix.
+             vocabulary), each existing path among the method's and controller's settings, and
+             each file the method declares it reads (its inputs(): REST's corpus files and
+             datastore): path and SHA-256, under the key that names it.
+So new weights at the same `model.id`, a cached checkpoint replaced by a new training, or a corpus
+rewritten in place make a resumption a different run (refused in one line naming what changed),
+never a silent mix.
 
 Hashes are cached per file by (path, size, mtime, inode) under the specbench cache dir, so a
 500 MB file is read once, not on every run; a file replaced in place (a new inode or mtime) is
@@ -114,11 +116,20 @@ def _paths(obj, prefix: str = ""):
         yield prefix[:-1], obj
 
 
-def artifact_provenance(settings: dict, describe: dict) -> dict:
-    """key -> {"path", "sha256"} for every file the method loaded (its describe()) or was given
-    (a path among `settings`, the method's and controller's config)."""
+def _inputs(inputs: dict):
+    """(key, path) of each file a method declares it reads (SpeculativeMethod.inputs); a list of
+    several is numbered key.0, key.1, ..."""
+    for key, value in inputs.items():
+        paths = list(value) if isinstance(value, (list, tuple)) else [value]
+        for i, path in enumerate(paths):
+            yield (key if len(paths) == 1 else f"{key}.{i}"), str(path)
+
+
+def artifact_provenance(settings: dict, describe: dict, inputs: dict | None = None) -> dict:
+    """key -> {"path", "sha256"} for every file the method loaded (its describe()), was given (a
+    path among `settings`, the method's and controller's config) or reads (its inputs())."""
     out = {}
-    for key, value in [*_paths(settings), *_paths(describe)]:
+    for key, value in [*_paths(settings), *_paths(describe), *_inputs(inputs or {})]:
         digest = path_digest(value)
         if digest not in out.values():
             out[key] = digest
@@ -129,7 +140,8 @@ def run_provenance(cfg, target, method) -> dict:
     from omegaconf import OmegaConf
 
     settings = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("method", "control") if cfg.get(g) is not None}
-    return {"model": model_provenance(cfg.model, target), "artifacts": artifact_provenance(settings, method.describe())}
+    return {"model": model_provenance(cfg.model, target),
+            "artifacts": artifact_provenance(settings, method.describe(), method.inputs())}
 
 
 def _short(entry: dict | None) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.errors import SpecBenchError
+from specbench.errors import Interrupted, SpecBenchError
 from specbench.provenance import describe_change
 from specbench.vllm_engine.hooks import RUN_FILES as ENGINE_FILES, fingerprint_engine
 
@@ -43,6 +43,8 @@ from specbench.vllm_engine.hooks import RUN_FILES as ENGINE_FILES, fingerprint_e
 RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
 LOCK = ".lock"
 OLD_MARK = ".old-"
+# what _move_aside names a run's old contents: <run>.old-YYYYmmdd-HHMMSS, -N when that was taken
+MOVED_ASIDE = re.compile(r".+\.old-\d{8}-\d{6}(-\d+)?")
 RECOVER = "pass overwrite=true (moves the old contents aside, deletes nothing) or choose another run_name"
 
 # run dirs this process holds the lock of: path -> open lock file (a crashed run() in this
@@ -78,6 +80,11 @@ def _same_training(old: dict, new: dict) -> bool:
     artifacts themselves are compared by hash in `provenance`)."""
     no_artifacts = not (old.get("provenance") or {}).get("artifacts") and not (new.get("provenance") or {}).get("artifacts")
     return "train" not in new or no_artifacts
+
+
+def moved_aside(path) -> bool:
+    """Where `overwrite=true` moved a run's old contents (not a run named e.g. my.old-baseline)."""
+    return MOVED_ASIDE.fullmatch(Path(path).name) is not None
 
 
 def _name_stem(name) -> str | None:
@@ -258,7 +265,7 @@ class RunDir:
             )
         if "provenance" in fp and (change := describe_change(old.get("provenance"), fp["provenance"])):
             raise SpecBenchError(
-                f"run dir {self.path} holds results made with other weights or trained artifacts: {change}; "
+                f"run dir {self.path} holds results made with other weights or inputs: {change}; "
                 "choose another run_name or pass overwrite=true"
             )
 
@@ -287,14 +294,20 @@ class RunDir:
             with open(self.samples_path, "r+b") as f:
                 f.truncate(data.rfind(b"\n") + 1)
             data = data[: data.rfind(b"\n") + 1]
+        lines: dict[str, int] = {}
         for i, line in enumerate(data.splitlines(), 1):
             rec = _record(line)
             if rec is None:
-                raise SpecBenchError(
-                    f"{self.samples_path}:{i} is not a sample record; the file is damaged: {RECOVER}"
-                )
-            out[rec["id"]] = rec
+                raise SpecBenchError(f"{self.samples_path}:{i} is not a sample record; the file is damaged: {RECOVER}")
+            if rec["id"] in lines:  # two records of one sample: which one counts is unknowable
+                raise SpecBenchError(f"{self.samples_path}:{i} holds sample {rec['id']!r} again (first at line "
+                                     f"{lines[rec['id']]}): the run is mixed; {RECOVER}")
+            lines[rec["id"]], out[rec["id"]] = i, rec
         return out
+
+    def interrupted(self, unit: str) -> Interrupted:
+        """The one line for Ctrl-C during a run: what this directory keeps, how to go on."""
+        return Interrupted(f"{len(self.done())} {unit} kept in {self.path}; run the same command to resume")
 
     def append(self, rec: dict) -> None:
         try:
@@ -310,8 +323,11 @@ class RunDir:
             raise _io_error(self.path, e) from None
 
     def write(self, name: str, text: str) -> None:
+        """Whole or not at all (an interrupt mid-write leaves the old file or none, never half)."""
+        tmp = self.path / f".{name}.part"
         try:
-            (self.path / name).write_text(text)
+            tmp.write_text(text)
+            os.replace(tmp, self.path / name)
         except OSError as e:
             raise _io_error(self.path, e) from None
 

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench.bounds import check_widths
 from specbench.config import validate
 from specbench.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
@@ -68,15 +69,20 @@ def environment() -> dict:
 
 
 def check_context(samples: list[Sample], target: ModelAdapter, max_new: int) -> int:
-    """max_new_tokens capped at the model's context; a first prompt that leaves no room for one
-    new token is bad input (later turns are capped as they come, see run_generation)."""
+    """max_new_tokens capped at the model's context; a turn that leaves no room for one new token
+    even if every earlier reply were empty is bad input, refused before anything is decoded (what
+    the real replies take is capped as it comes, see run_generation)."""
     ctx = target.context_length
     if ctx is None:
         return max_new
     for s in samples:
-        n = len(target.tokenizer.encode_chat(s.messages([])))
-        if n >= ctx:
-            raise SpecBenchError(f"sample {s.id!r}: the prompt has {n} tokens, the model's context {ctx}; shorten it")
+        for turn in range(len(s.turns)):
+            n = len(target.tokenizer.encode_chat(s.messages([""] * turn)))
+            if n >= ctx and turn == 0:
+                raise SpecBenchError(f"sample {s.id!r}: the prompt has {n} tokens, the model's context {ctx}; shorten it")
+            if n >= ctx:
+                raise SpecBenchError(f"sample {s.id!r} turn {turn + 1}: the conversation has {n} tokens before any reply "
+                                     f"(the earlier turns and this one), the model's context {ctx}; shorten it")
     if max_new > ctx:
         print(f"note: max_new_tokens={max_new} capped at the model's context ({ctx})")
     return min(max_new, ctx)
@@ -124,7 +130,14 @@ def summarize_system(gens: list[Generation]) -> dict:
     rec["steps"] = [s.row() for s in steps]
     if captures := sum(g.extra.get("graph_captures", 0) for g in gens):
         rec["graph_captures"] = captures
+    sources = [src for g in gens for src in g.extra.get("draft_source", [])]
+    if sources:  # which drafter proposed each step (SAM-Decoding), parallel to `steps`
+        rec["draft_source"] = sources
     rec["step_times"] = [t for g in gens for t in g.step_times]
+    # what a method records of itself per generation (SWIFT's layer sets over time), one entry per turn
+    extra = [{k: v for k, v in g.extra.items() if k != "prompt_len"} for g in gens]
+    if any(extra):
+        rec["extra"] = extra
     return rec
 
 
@@ -182,6 +195,9 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     ar_target = method.finetuned_adapter or target
     ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
     max_new = check_context(samples, target, int(cfg.max_new_tokens))
+    # the built method's own widths (a tree from a file, a template cut) within the loaded model's context
+    check_widths(method.verify_widths(), cfg.method.name, target.context_length,
+                 int(cfg.profile.context) if cfg.profile.enabled else None)
     # the weights' and trained artifacts' hashes join the fingerprint: a resumption against others is refused
     provenance = run_provenance(cfg, target, method)
     # only now, with everything validated, is anything written to disk
@@ -250,6 +266,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
             summary["shared_cores"] = contention
         summary["meta"] = meta
         run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
+    except KeyboardInterrupt:  # Ctrl-C: every finished sample is on disk, whole (RunDir.append)
+        raise run_dir.interrupted("samples") from None
     finally:
         run_dir.release()
     summary["printed"] = print_summary(summary, meta)

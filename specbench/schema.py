@@ -185,6 +185,8 @@ _DRAFT = {"draft.source": CHOICE("truncate", "hf"), "draft.num_layers": INT(1, c
           "draft.checkpoint": AUTO_PATH, "draft.id": STR(null=True), "draft.dtype": CHOICE(*DTYPES),
           "draft.device": STR(), "train_if_missing": BOOL()}
 _LORA = {"lora": BOOL(), "lora_r": INT(1), "lora_alpha": POS()}
+# SAM-Decoding's auxiliary drafters (= methods/samd.py SUPPORTED_AUX: the ones it keeps in sync)
+SAMD_AUX = ("eagle", "eagle3", "hydra", "medusa", "pld", "rest", "self_sd", "token_recycling", "vanilla_sd")
 METHODS = {
     "ar": {"name": STR()},
     "eagle": {"name": STR(), "top_k": INT(1), "depth": INT(1), "num_nodes": INT(1), "bias": BOOL(),
@@ -206,14 +208,22 @@ METHODS = {
     "pld": {"name": STR(), "max_ngram": INT(1), "min_ngram": INT(1)},
     "token_recycling": {"name": STR(), "topk": INT(1), "tree": STR(), "max_nodes": INT(1, null=True),
                         "reset_per_sequence": BOOL()},
-    "lookahead": {"name": STR(), "window": INT(1), "ngram": INT(3), "guess": INT(1), "pool_from_prompt": BOOL()},
+    "lookahead": {"name": STR(), "window": INT(1), "ngram": INT(3), "guess": INT(1), "pool_from_prompt": BOOL(),
+                  "full_match_bonus": BOOL()},
     "rest": {"name": STR(), "corpus": LIST(STR()), "build_missing": BOOL(), "max_suffix": INT(1), "min_suffix": INT(1),
-             "max_matches": INT(1), "continuation_len": INT(1), "num_draft": INT(1)},
-    "suffix": {"name": STR(), "max_depth": INT(1), "max_spec_tokens": INT(1), "max_spec_factor": NUM(0),
-               "max_spec_offset": NUM(), "min_token_prob": FRACTION(), "reset_per_sequence": BOOL()},
+             "max_matches": INT(1), "continuation_len": INT(1), "num_draft": INT(1),
+             "cut": CHOICE("paths", "nodes")},
+    "suffix": {"name": STR(), "spec": CHOICE("tree", "path"), "max_depth": INT(1), "max_spec_tokens": INT(1),
+               "max_spec_factor": NUM(0), "max_spec_offset": NUM(), "min_token_prob": FRACTION(), "reset_per_sequence": BOOL()},
+    "samd": {"name": STR(), "n_predicts": INT(2), "len_threshold": INT(0), "len_bias": INT(),
+             "corpus": LIST(STR(), empty=True), "build_missing": BOOL(), "aux": CHOICE(*SAMD_AUX),
+             "aux_settings": ANY},  # a mapping of the auxiliary's keys (config.rules checks them against its table)
     "self_sd": {"name": STR(), "skip.source": STR(), "skip.model": STR(null=True), "skip.attn": LIST(INT(0), empty=True),
                 "skip.mlp": LIST(INT(0), empty=True), "skip.cache_dir": PATH, "skip.path": PATH,
                 "train_if_missing": BOOL()} | _DRAFT_VOCAB,
+    "swift": {"name": STR(), "verification": CHOICE("tree", "chain"), "optimize": BOOL(), "bayes": BOOL(),
+              "skip_ratio": FRACTION(), "context_window": INT(1), "opt_interval": INT(1), "bayes_interval": INT(1),
+              "max_opt_iter": INT(0), "max_tolerance_iter": INT(0), "max_score": FRACTION()},
     "space": {"name": STR(), "k": INT(1), "p_ar": FRACTION(), "lr": POS(), "seed": SEED,
               "mask_rule": CHOICE("group", "eq6")} | _LORA | _TRAINABLE,
     "vanilla_sd": {"name": STR()} | _DRAFT,

@@ -13,7 +13,8 @@ import statistics
 
 from specbench import table
 from specbench.interference import foreign_share
-from specbench.metrics import acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats, predicted_speedup
+from specbench.metrics import (StepStats, acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats,
+                               predicted_speedup)
 from specbench.metrics.costmodel import interp_cost
 from specbench.profiling import refit_costs
 from specbench.stats import pooled_speedup_ci
@@ -118,6 +119,9 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
             refit = refit_costs(records)
             out["refit_costs"] = refit
             out["predicted_speedup_refit"] = predicted_speedup(steps, m["new_tokens"], draft_cost, refit, n_seq)
+    split = source_split(records)
+    if split:
+        out["draft_sources"] = split
     cats = sorted({r["category"] for r in records if r.get("category")}) if per_category else []
     if cats:
         out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, False, ci) for c in cats}
@@ -125,6 +129,28 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
             for k in POSITION_KEYS:
                 out["per_category"][c].pop(k, None)
     return out
+
+
+def source_split(records: list[dict]) -> dict:
+    """Per draft source (a method that records `draft_source` per step: SAM-Decoding's dynamic,
+    static, aux): its steps, the tokens it drafted (a tree's nodes) and how many were accepted and kept."""
+    out: dict[str, dict] = {}
+    for r in records:
+        m = r["method"]
+        for src, row in zip(m.get("draft_source") or [], m.get("steps", [])):
+            s, d = StepStats.of(row), out.setdefault(src, {"steps": 0, "drafted": 0, "accepted": 0, "kept": 0})
+            d["steps"] += 1
+            d["drafted"] += s.draft_tokens
+            d["accepted"] += s.accepted
+            d["kept"] += s.kept
+    return out
+
+
+def source_line(split: dict) -> str:
+    kept = sum(d["kept"] for d in split.values())
+    return "draft sources (steps, accepted / drafted, share of the kept draft tokens): " + "   ".join(
+        f"{src} {d['steps']}, {d['accepted']}/{d['drafted']}, {_fmt(_percent(d['kept'] / kept if kept else None), '.0f')}%"
+        for src, d in sorted(split.items()))
 
 
 def _fmt(x, spec=".3f"):
@@ -238,6 +264,8 @@ def print_summary(s: dict, meta: dict) -> str:
         lines += _measurement_lines(s, meta)
         if s.get("acceptance"):
             lines += acceptance_lines(s)
+        if s.get("draft_sources"):
+            lines.append(source_line(s["draft_sources"]))
         terms = s.get("cost_terms")
         if terms:
             parts = " + ".join(f"{k} {v:.2f}" for k, v in terms.items() if k != "total")

@@ -88,6 +88,8 @@ def method_cfg(name: str = "vanilla_sd", **kw):
         cfg["draft"] = draft
     if name == "pld":
         cfg.update(max_ngram=3, min_ngram=1)
+    if name == "lookahead":
+        cfg.update(full_match_bonus=False)  # conf/method/lookahead.yaml: lade's accept rule
     cfg.update(kw)
     return OmegaConf.create(cfg)
 

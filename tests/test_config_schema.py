@@ -19,7 +19,7 @@ def leaves(d: dict, prefix: str = ""):
     for k, v in d.items():
         if k in ("defaults", "hydra"):
             continue
-        if isinstance(v, dict):
+        if isinstance(v, dict) and v:  # an empty mapping ({}: samd's aux_settings) is a shipped key
             yield from leaves(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}"

@@ -57,6 +57,26 @@ def test_distill_source_ranks_the_self_distillation_data(monkeypatch):
     assert seen == {"num_prompts": 7, "seed": 3} and info["draft_vocab_source"] == "distill"
 
 
+def test_the_distilled_data_a_ranking_read_joins_the_provenance(monkeypatch, tmp_path):
+    """issue 42: a method's every input is in the run's identity; a draft vocabulary ranked from
+    the self-distillation data names that file (or the journal of an unfinished generation)."""
+    from specbench.provenance import artifact_provenance, file_sha256
+    from specbench.train.data import sequences_path
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    target = tiny_model()
+    run_cfg = OmegaConf.create({"train": {"seed": 3, "data": {"num_prompts": 7}}, "task": {}})
+    monkeypatch.setattr(draft_vocab, "build_sequences", lambda *a: [([3, 200, 201, 200], 1)])
+    cfg = OmegaConf.create({"draft_vocab": {"size": 4, "source": "distill"}})
+    journal = sequences_path(target, run_cfg.train.data, 3, finished=False)
+    for path in (journal, sequences_path(target, run_cfg.train.data, 3)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("[]")
+        _, info = draft_vocab.vocab_subset(target, cfg, {"cfg": run_cfg})
+        assert info["draft_vocab_data"] == str(path)
+        assert artifact_provenance({}, info)["draft_vocab_data"]["sha256"] == file_sha256(path)
+
+
 @pytest.mark.parametrize("size", [0, 10**6, "x"])
 def test_bad_size_is_one_error_naming_the_range(size, tmp_path):
     with pytest.raises(SpecBenchError, match=r"draft_vocab\.size=.*\[1, 259\]"):

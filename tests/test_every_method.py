@@ -24,6 +24,8 @@ TINY = {
     "hf_assisted": {"k": K_MAX, "draft": {"num_layers": 1, "checkpoint": None}},
     "medusa": {"tree_from_accuracies": None, "sizes": [2, 2, 1, 1]},  # untrained heads have no accuracies
     "rest": {"corpus": [str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")]},  # a small datastore, built per test
+    "samd": {"corpus": [str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")], "aux_settings": {"allow_untrained": True}},
+    "swift": {"context_window": 4, "bayes_interval": 3},  # the search runs (and takes Bayesian steps) within 24 tokens
 }
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]  # the second repeats: lookup hits
 CASES = [(m, c) for m in sorted(METHODS)

@@ -29,9 +29,10 @@ TINY_BUDGET = [
     "train.first_use.skip_search.num_prompts=1", "train.first_use.skip_search.max_new_tokens=8",
 ]
 # every registered method, from the registry; hf_assisted sorts before vanilla_sd, which then finds
-# the draft hf_assisted trained (the one checkpoint both load)
+# the draft hf_assisted trained (the one checkpoint both load); samd's auxiliary (EAGLE-2 by default)
+# finds the head eagle trained
 METHODS = sorted(REGISTERED)
-SHARES_AN_EARLIER_PART = {"vanilla_sd"}
+SHARES_AN_EARLIER_PART = {"vanilla_sd", "samd"}
 TASKS = ["gsm8k", "xsum", "humaneval", "mt_bench", "jsonl"]
 TRAINED = {  # method -> describe() key saying its trained part was loaded
     "vanilla_sd": "draft_trained", "hf_assisted": "draft_trained", "eesd": "exit_trained", "medusa": "heads_trained", "eagle": "head_trained", "eagle3": "head_trained",
@@ -70,6 +71,8 @@ def test_every_method_runs_from_an_empty_cache(method, tmp_path, data_dir, share
     settings = s["meta"]["method_settings"]
     if TRAINED.get(method):
         assert settings[TRAINED[method]] is True
+    if method == "samd":  # its auxiliary's trained head, not an untrained stand-in
+        assert settings["aux"] == "eagle" and settings["aux_settings"]["head_trained"] is True
     if method == "self_sd":
         assert settings["skip_source"] == "search"
     if method == "eesd":

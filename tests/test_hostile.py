@@ -47,6 +47,39 @@ def big_hf_model(tmp: Path) -> None:
         "max_position_embeddings": 10_000_000}))
 
 
+def write(rel: str, content) -> Callable[[Path], None]:
+    """A setup writing one file under tmp_path (text, or bytes as given)."""
+    def setup(tmp: Path) -> None:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return setup
+
+
+def hostile_hf_model(tmp: Path) -> None:
+    """A local Hugging Face model whose pytorch_model.bin is a pickle that runs a command when loaded
+    without weights_only (it would write tmp/pwned: the test's nothing-written check catches it)."""
+    import contextlib
+    import io
+    import os
+
+    import torch
+    from test_cli import make_other_tokenizer_model
+
+    class Bomb:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp / 'pwned'}",)
+
+    with contextlib.redirect_stderr(io.StringIO()):  # transformers' "Writing model shards" bar
+        make_other_tokenizer_model(tmp / "hostile")
+    for f in (tmp / "hostile").glob("*.safetensors"):
+        f.unlink()
+    torch.save({"model.embed_tokens.weight": Bomb()}, tmp / "hostile" / "pytorch_model.bin")
+    write("p.jsonl", '{"prompt": "the cat"}\n')(tmp)
+
+
+JSONL = TINY + ["method=pld", "task=jsonl", "task.path={tmp}/p.jsonl"]
+
+
 CASES = [
     # issue 31, item 5
     Case("profile_ks_huge", ["profile.ks=[1,100000]"], "profile.ks=[1, 100000]"),
@@ -96,6 +129,35 @@ CASES = [
     Case("eagle3_two_layers", TINY + ["method=eagle3", "method.layers=[1,2]"], "three layer indices from 0 to 3"),
     Case("eagle3_draft_vocab_zero", TINY + ["method=eagle3", "method.draft_vocab_size=0"], "method.draft_vocab_size=0"),
     Case("draft_vocab_beyond_vocab", TINY + ["method=eesd", "method.draft_vocab.size=1000000"], "method.draft_vocab.size"),
+    # issue 42: sizes bounded by the model (specbench/bounds.py; every key: tests/test_bounds.py)
+    Case("lookahead_window_huge", TINY + ["method=lookahead", "method.window=100000"], "method.window=100000"),
+    Case("rest_num_draft_huge_profiled", ["model=tiny-llama", "progress=false", "method=rest", "method.num_draft=1000000"],
+         "method.num_draft=1000000"),
+    Case("token_recycling_topk_beyond_vocab", TINY + ["method=token_recycling", "method.topk=1000"],
+         "method.topk=1000 is not allowed; expected at most 259, the vocabulary of the model tiny-llama"),
+    Case("medusa_dense_tree_too_wide", TINY + ["method=medusa", "method.tree_from_accuracies=null", "method.sizes=[200,200]"],
+         "method.sizes=[200, 200]"),
+    Case("space_k_too_wide", TINY + ["method=space", "method.k=100"], "method.k=100"),
+    Case("warmup_beyond_context", TINY + ["warmup_tokens=100000"], "warmup_tokens=100000"),
+    # issue 42: input files refused in one line naming file and line, before anything is written
+    Case("jsonl_empty_prompt", JSONL, "p.jsonl:1: field 'prompt' holds an empty prompt",
+         setup=write("p.jsonl", '{"prompt": ""}\n'), before_run=False),
+    Case("jsonl_empty_second_turn", JSONL, "p.jsonl:2: field 'prompt' holds an empty prompt",
+         setup=write("p.jsonl", '{"prompt": "a"}\n{"prompt": ["b", " "]}\n'), before_run=False),
+    Case("jsonl_category_null", JSONL + ["task.category_field=cat"], "p.jsonl:2: field 'cat' is null",
+         setup=write("p.jsonl", '{"prompt": "a", "cat": "x"}\n{"prompt": "b", "cat": null}\n'), before_run=False),
+    Case("jsonl_category_object", JSONL + ["task.category_field=cat"], 'p.jsonl:1: field \'cat\' is {"x": 1}',
+         setup=write("p.jsonl", '{"prompt": "a", "cat": {"x": 1}}\n'), before_run=False),
+    Case("spec_bench_second_turn_beyond_context", TINY + ["method=pld", "task=spec_bench", "task.path={tmp}/q.jsonl"],
+         "sample '7' turn 2: the conversation has", before_run=False,
+         setup=write("q.jsonl", json.dumps({"question_id": 7, "category": "writing", "turns": ["hi", "x" * 5000]}) + "\n")),
+    Case("humaneval_damaged_local_copy", TINY + ["method=pld", "task=humaneval", "task.data_dir={tmp}/data", "task.allow_unisolated=true"],
+         "HumanEval.jsonl.gz cannot be read (BadGzipFile", setup=write("data/humaneval/HumanEval.jsonl.gz", b"not gzip"),
+         before_run=False),
+    Case("hf_weights_a_hostile_pickle", ["model=hf", "model.id={tmp}/hostile", "model.device=cpu", "method=pld", "progress=false",
+                                         "profile.enabled=false", "task=jsonl", "task.path={tmp}/p.jsonl"],
+         "hostile/pytorch_model.bin): UnpicklingError: torch.load(weights_only=True) refused it", setup=hostile_hf_model,
+         before_run=False),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),

@@ -44,3 +44,31 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, data_dir):
     after = first.read_text().splitlines()
     complete = [ln for ln in before if ln.endswith("}")]
     assert after[: len(complete)] == complete
+
+
+def test_ctrl_c_mid_run_is_one_line_keeps_the_samples_and_resumes(tmp_path, data_dir):
+    """issue 42: Ctrl-C printed a KeyboardInterrupt traceback. Now one line naming what was kept and the way on,
+    exit 130, the lock released (the same command resumes at once), every kept sample line whole."""
+    env = dict(os.environ, SPECBENCH_DATA_DIR=str(data_dir), OMP_NUM_THREADS="1")
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "specbench", "model=tiny-llama", "method=pld", "task=gsm8k", "task.num_samples=6",
+           "max_new_tokens=32", "profile.enabled=false", "warmup_tokens=2", "progress=false", "threads=1", f"run_dir={run_dir}"]
+    samples = run_dir / "samples.jsonl"
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while len(_records(samples)) < 1 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    kept = samples.read_text().splitlines()
+    assert 1 <= len(kept) < 6, "the interrupt should land mid-run"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130, err[-2000:]
+    assert lines == [f"specbench: interrupted: {len(kept)} samples kept in {run_dir}; run the same command to resume"], err[-2000:]
+    assert all(json.loads(ln)["id"] for ln in kept)  # whole records only
+    assert not (run_dir / "summary.json").exists()  # no summary of a part of the run
+
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = samples.read_text().splitlines()
+    assert after[: len(kept)] == kept and len({json.loads(ln)["id"] for ln in after}) == 6

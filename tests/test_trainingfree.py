@@ -34,11 +34,12 @@ def test_token_recycling_greedy_equals_ar(target_name, max_nodes, reset, prompt,
 
 @settings(max_examples=40, **SETTINGS)
 @given(target_name=st.sampled_from(list(TARGETS)), window=st.integers(1, 5), ngram=st.integers(3, 5),
-       guess=st.integers(1, 4), from_prompt=st.booleans(), prompt=prompts, seed=st.integers(0, 2**31 - 1),
+       guess=st.integers(1, 4), from_prompt=st.booleans(), bonus=st.booleans(), prompt=prompts, seed=st.integers(0, 2**31 - 1),
        max_new=st.integers(1, 40), eos_at=st.one_of(st.none(), st.integers(0, 39)))
-def test_lookahead_greedy_equals_ar(target_name, window, ngram, guess, from_prompt, prompt, seed, max_new, eos_at):
+def test_lookahead_greedy_equals_ar(target_name, window, ngram, guess, from_prompt, bonus, prompt, seed, max_new, eos_at):
     target = tiny_model(**TARGETS[target_name])
-    m = build("lookahead", target, method_cfg("lookahead", window=window, ngram=ngram, guess=guess, pool_from_prompt=from_prompt))
+    m = build("lookahead", target, method_cfg("lookahead", window=window, ngram=ngram, guess=guess, pool_from_prompt=from_prompt,
+                                              full_match_bonus=bonus))
     check_lossless(target, m, prompt, max_new, seed, eos_at, ngram - 1)
 
 
@@ -134,7 +135,7 @@ def test_lookahead_forward_rows_equal_plain_causal_forwards():
     """The one forward (window + candidates, custom mask and positions) gives every row the logits of a
     causal forward over what it sees: window rows their Jacobi sequence, candidates x + their own prefix."""
     target = tiny_model()
-    m = build("lookahead", target, method_cfg("lookahead", window=3, ngram=4, guess=3))
+    m = build("lookahead", target, method_cfg("lookahead", window=3, ngram=4, guess=3, full_match_bonus=True))
     m.seed, m.gen = 0, torch.Generator().manual_seed(0)
     m.start([5, 17, 99, 3, 42, 8, 17])
     m.rows = [[11, 12], [21, 22, 23], [31, 32, 33]]
@@ -142,6 +143,10 @@ def test_lookahead_forward_rows_equal_plain_causal_forwards():
     m.pool = {x: [(50, 51, 52), (50, 53, 54), (60, 61, 62)]}
     prop = m.propose(0)
     assert prop.tokens == [50, 60, 51, 53, 61, 52, 54, 62]  # the trie: 50's two continuations share their first node
+    m.full_match_bonus = False  # lade's rule: the same forward, the last depth fed but not verified
+    lade = m.propose(0)
+    assert lade.tokens == prop.tokens[:5] and len(lade.tree) == 6 and lade.layout.feed == prop.layout.feed
+    assert lade.layout.rows == prop.layout.rows[:6]
     feed, mask, offsets, rows = verification_input(prop, x)
     committed = len(m.tokens) - 1
     logits, _ = target.forward(feed, m.cache, positions=committed + offsets, tree_mask=mask)
@@ -151,6 +156,27 @@ def test_lookahead_forward_rows_equal_plain_causal_forwards():
         ref, _ = target.forward(m.tokens[:-1] + [feed[j] for j in seen], target.new_cache(), last_only=True)
         torch.testing.assert_close(logits[i], ref[-1], rtol=0, atol=1e-9)
     assert all(not mask[i, 1:9].any() for i in range(9, len(feed)))  # candidates never see the window
+
+
+@pytest.mark.parametrize("ngram", [3, 5])
+@pytest.mark.parametrize("bonus", [False, True])
+def test_a_fully_matched_ngram_commits_what_lade_commits(ngram, bonus):
+    """lade (decoding.py): a candidate matched to its end commits its N-1 tokens, no token after them;
+    `full_match_bonus` adds the target's token after them. A candidate that fails at its last token
+    commits N-1 under both (N-2 matched + the target's token)."""
+    target, prompt = tiny_model(), [5, 17, 99, 3, 42, 8, 17]
+    ar = ar_tokens(target, prompt, ngram + 1)
+    for gram, want in ((tuple(ar[1:ngram]), ngram - 1 + bonus), (tuple(ar[1:ngram - 1]) + (ar[ngram - 1] + 1,), ngram - 1)):
+        m = build("lookahead", target, method_cfg("lookahead", window=3, ngram=ngram, guess=3, pool_from_prompt=False,
+                                                  full_match_bonus=bonus))
+        m.seed, m.gen = 0, torch.Generator().manual_seed(0)
+        m.start(prompt)
+        m.pool = {m.tokens[-1]: [gram]}
+        window = sum(len(row) for row in m.rows)
+        r = m.step(20)
+        assert r.tokens == ar[1 : 1 + want], (gram, bonus)
+        assert r.n_verified == 1 + window + ngram - 1  # every candidate token is fed under both rules
+        assert r.n_candidates == ngram - 2 + bonus  # ... the last one verified only with the bonus
 
 
 def test_pool_trie_orders_candidates_first_seen_first():

@@ -209,6 +209,18 @@ FAKE_WORKER = textwrap.dedent('''
 ''')
 
 
+def fake_python(tmp_path: Path, with_vllm: bool = True) -> Path:
+    """An interpreter for engine.python: this one, with a stub `vllm` package importable (or none)."""
+    stub = tmp_path / "fake_site"
+    if with_vllm:
+        (stub / "vllm").mkdir(parents=True, exist_ok=True)
+        (stub / "vllm" / "__init__.py").write_text('__version__ = "0.0.fake"\n')
+    exe = tmp_path / ("fake_python" if with_vllm else "python_without_vllm")
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH={stub} exec {sys.executable} "$@"\n')
+    exe.chmod(0o755)
+    return exe
+
+
 @pytest.fixture
 def fake_worker(tmp_path, monkeypatch):
     from specbench.vllm_engine import run
@@ -230,7 +242,7 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     from specbench.vllm_engine.run import run_vllm
 
     run_dir = tmp_path / "run"
-    args = ["method=ngram", "task.num_samples=3", "engine.batch_sizes=[1,2,4]", f"engine.python={sys.executable}",
+    args = ["method=ngram", "task.num_samples=3", "engine.batch_sizes=[1,2,4]", f"engine.python={fake_python(tmp_path)}",
             "max_new_tokens=8", f"run_dir={run_dir}"]
     monkeypatch.setenv("FAKE_FAIL_AT", "2")
     with pytest.raises(SpecBenchError, match=r"the vLLM worker failed \(exit 3\): RuntimeError: boom"):
@@ -269,6 +281,42 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     # other prompts are never mixed into these batch sizes
     with pytest.raises(SpecBenchError, match="measured on other prompts"):
         run_vllm(vllm_cfg(*args[:1], "task.num_samples=2", *args[2:]))
+    assert json.loads((run_dir / "summary.json").read_text())["meta"]["vllm_version"] == "0.0.fake"
+
+
+def test_a_python_without_vllm_is_refused_before_anything_is_written(tmp_path, fake_worker):
+    """issue 42: engine.python pointing at a Python without vllm failed inside the worker, after the run dir was written."""
+    from specbench.vllm_engine.run import run_vllm
+
+    run_dir = tmp_path / "run"
+    args = ["method=ngram", "task.num_samples=1", f"engine.python={fake_python(tmp_path, with_vllm=False)}", f"run_dir={run_dir}"]
+    with pytest.raises(SpecBenchError, match=r"cannot import vllm \(ModuleNotFoundError: No module named 'vllm'\); run `make vllm-env`"):
+        run_vllm(vllm_cfg(*args))
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("body, message", [
+    ("", "without reporting batch size 1, batch size 2, its info record"),  # exit 0, nothing said
+    ('out.write(json.dumps({"kind": "info"}) + "\\n")', "without reporting batch size 1, batch size 2"),
+    ('out.write("not json\\n")', "neither an info nor a batch record"),
+    ('out.write(json.dumps({"kind": "batch", "batch_size": 1, "ar": {}}) + "\\n")', "batch 1: no complete 'ar' result"),
+    ('out.write(json.dumps({"kind": "batch", "batch_size": 8}) + "\\n")', "batch size 8, not one of [1, 2]"),
+])
+def test_an_incomplete_worker_reply_is_one_line_and_claims_nothing(tmp_path, fake_worker, monkeypatch, body, message):
+    """issue 42: a worker that exited 0 reporting nothing gave exit 0, an empty table and 'the method pays at every
+    batch size measured'. Now: one line, exit 2 from the CLI, no summary."""
+    from specbench.vllm_engine import run
+
+    script = tmp_path / "quiet_worker.py"
+    script.write_text("import json, sys\nspec = json.load(open(sys.argv[1]))\nout = open(spec['out'], 'a')\n" + body + "\n")
+    monkeypatch.setattr(run, "WORKER", script)
+    run_dir = tmp_path / "run"
+    cfg = vllm_cfg("method=ngram", "task.num_samples=2", "engine.batch_sizes=[1,2]", f"engine.python={fake_python(tmp_path)}",
+                   f"run_dir={run_dir}")
+    with pytest.raises(SpecBenchError) as e:
+        run.run_vllm(cfg)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "samples.jsonl").exists()
 
 
 # ----------------------------------------------------------------------------- a real run in .venv-vllm

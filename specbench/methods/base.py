@@ -86,6 +86,12 @@ class Method:
         d = {"method": self.name, "lossless": self.lossless}
         return d if self.finetuned_adapter is None else d | {"baseline_weights": self.baseline_weights}
 
+    def inputs(self) -> dict:
+        """Files this method reads beyond its target's weights and the artifacts its describe()
+        names (a corpus, a datastore): key -> path, or a list of paths. Their content hashes join the
+        run's provenance (specbench/provenance.py), so resuming after one changed is refused."""
+        return {}
+
     def verify_widths(self) -> list[int]:
         """Verification sizes the cost profile must measure beyond its k grid (a tree's nodes)."""
         return []

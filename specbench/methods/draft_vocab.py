@@ -36,7 +36,7 @@ from torch import nn
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter, apply_backend, backend_of
-from specbench.train.data import build_sequences
+from specbench.train.data import build_sequences, sequences_path
 
 
 def rank_tokens(sequences, vocab_size: int) -> list[int]:
@@ -107,9 +107,22 @@ def vocab_subset(target: ModelAdapter, cfg, ctx: dict | None) -> tuple[torch.Ten
         raise SpecBenchError(f"method.draft_vocab.size={size!r} is not allowed; expected an integer in [1, {V}] or null")
     if size == V:
         return None, {"draft_vocab": V}
-    ranked, source = _ranking(target, vcfg, (ctx or {}).get("cfg"))
+    run_cfg = (ctx or {}).get("cfg")
+    ranked, source = _ranking(target, vcfg, run_cfg)
     ids = subset_ids(ranked, size, V, keep=sorted(target.tokenizer.eos_ids or ()))
-    return ids, {"draft_vocab": len(ids), "draft_vocab_source": source}
+    return ids, {"draft_vocab": len(ids), "draft_vocab_source": source} | _data_file(target, source, run_cfg)
+
+
+def _data_file(target: ModelAdapter, source: str, run_cfg) -> dict:
+    """The file a distilled ranking was read from, named in describe() so that its hash joins the
+    run's provenance: data regenerated between two sessions of one run gives another subset."""
+    if source != "distill":
+        return {}  # the ranked file is `source` itself, a path in describe() already
+    for finished in (True, False):  # a generation a safety cap stopped is still in its journal
+        path = sequences_path(target, run_cfg.train.data, int(run_cfg.train.seed), finished)
+        if path.is_file():
+            return {"draft_vocab_data": str(path)}
+    return {}
 
 
 def subset_head(head: nn.Linear, ids: torch.Tensor | None, target: ModelAdapter) -> nn.Module:

@@ -24,6 +24,13 @@ full window), candidates sharing a prefix are verified once (a trie: same accept
 rows), the copies are drawn with a generator seeded by the sample's seed, and the n-grams of
 committed tokens are the ones that end at each of them (lade's loop appends the last accepted
 token once per accepted token).
+Accept rule (`full_match_bonus`): lade compares a candidate with the target's choices and, for a
+candidate matched to its end, commits its N-1 tokens but not the target's token after its last one
+(its matching loop ends at gg = N-2, so max_hit <= N-2 and hits[:max_hit + 1] holds N-1 tokens; its
+sampling loop likewise draws no token after a fully accepted n-gram). `false` (default) does the
+same: every candidate token is fed, but only the first N-2 are verified as tree nodes, so a full
+match commits N-2 tokens plus the target's token after them, which is the n-gram's last token. `true`
+verifies all N-1 and commits the target's token after them too (N per step at most). Both lossless.
 Host reads per step: the top row's argmax (here) and the verifier's argmax (the loop).
 """
 
@@ -93,9 +100,13 @@ class Lookahead(SpeculativeMethod):
             if v < lo:
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected an integer >= {lo}")
         self.pool_from_prompt = bool(cfg.get("pool_from_prompt", True))
+        self.full_match_bonus = cfg.get("full_match_bonus")
+        if not isinstance(self.full_match_bonus, bool):
+            raise SpecBenchError(f"method.full_match_bonus={self.full_match_bonus} is not allowed; expected true or false")
 
     def describe(self) -> dict:
-        return super().describe() | {"window": self.W, "ngram": self.N, "guess": self.G, "pool_from_prompt": self.pool_from_prompt}
+        return super().describe() | {"window": self.W, "ngram": self.N, "guess": self.G, "pool_from_prompt": self.pool_from_prompt,
+                                     "full_match_bonus": self.full_match_bonus}
 
     def verify_widths(self) -> list[int]:
         # the full window alone (no candidate) and with G candidates of N-1 tokens (no shared prefix)
@@ -126,8 +137,11 @@ class Lookahead(SpeculativeMethod):
         mask[a:, a:] = tree.mask[1:, 1:]
         positions = torch.cat([wpos, tree.depths[1:]])
         feed = [x] + [t for r in self.rows for t in r] + cand
+        if not self.full_match_bonus:  # lade: every candidate token is fed, the last one never committed
+            n = sum(len(p) <= self.N - 2 for p in tree.paths[1:])  # nodes come depth by depth
+            tree = TokenTree(tree.paths[: n + 1])
         rows = [0] + list(range(a, a + n))  # tree node i >= 1 is candidate i - 1
-        return Proposal(cand, tree=tree, layout=Layout(feed, mask, positions, rows))
+        return Proposal(cand[:n], tree=tree, layout=Layout(feed, mask, positions, rows))
 
     def after_verify(self, prop, path, rows, hidden, logits) -> None:
         x = prop.layout.feed[0]

@@ -7,15 +7,18 @@ in for the draft model. Each step:
 2. the `continuation_len` tokens after each of its first `max_matches` occurrences (in
    suffix-array order, as draftretriever's `search(k=5000, long=10)`);
 3. every prefix of those continuations, counted, in a trie; the `num_draft` most frequent prefixes
-   are kept (`choices=64`), which is still a trie (methods/retrieval.py);
+   are kept (`choices=64`), which is still a trie (methods/retrieval.py); with `cut: paths` (default,
+   the authors' `cut_to_choices`) they are then trimmed, whole paths at a time, until the paths'
+   distinct-token counts sum to at most `num_draft`; `cut: nodes` keeps
+   all `num_draft` (the paper's "the most frequent" read literally, the wider trie);
 4. the trie, the pending token as its root, is verified as a tree in one target forward (greedy,
    or lossless multi-candidate rejection sampling with one-hot drafts: engine/tree.py).
 No suffix found: no draft, a plain target step (the authors pad a dummy candidate instead).
 
 Deviations, each explained in docs/trainingfree_retrieval.md: ties at the `num_draft` cut are
-broken shorter-first, then first-seen (draftretriever: heap order, then `cut_to_choices`, which can
-leave a node without its parent to be cut further); the suffix length is binary-searched (same
-result: a suffix that occurs implies every shorter one does).
+broken shorter-first, then first-seen, and ties in `cut_to_choices` deeper-first (draftretriever:
+a heap's and a hash set's order, which vary per process); the suffix length is binary-searched
+(same result: a suffix that occurs implies every shorter one does).
 Device work: none while drafting (the datastore and the context are host data); host reads per
 step: the verifier's argmax only.
 """
@@ -26,13 +29,14 @@ import os
 
 import numpy as np
 
-from specbench.datastore import load_or_build
+from specbench.datastore import load_or_build, parse_spec
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError
+from specbench.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
-from specbench.methods.retrieval import prefix_counts, token_tree, top_nodes
+from specbench.methods.retrieval import cut_paths, prefix_counts, token_tree, top_nodes
 
 SETTINGS = {"max_suffix": 1, "min_suffix": 1, "max_matches": 1, "continuation_len": 1, "num_draft": 1}
+CUTS = ("paths", "nodes")  # draftretriever's cut_to_choices | the num_draft most frequent prefixes, untrimmed
 
 
 @register_method
@@ -47,6 +51,9 @@ class REST(SpeculativeMethod):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected an integer >= {lo}")
             setattr(self, key, int(v))
+        self.cut = cfg.get("cut")
+        if self.cut not in CUTS:
+            raise choice_error("method.cut", self.cut, CUTS)
         if self.min_suffix > self.max_suffix:
             raise SpecBenchError(f"method.min_suffix={self.min_suffix} is above method.max_suffix={self.max_suffix}")
         corpus = cfg.get("corpus")
@@ -56,12 +63,16 @@ class REST(SpeculativeMethod):
         model = str((run_cfg.get("model") or {}).get("name") or target.name)
         self.datastore, self.datastore_path = load_or_build(model, target.tokenizer, corpus, data_dir,
                                                             bool(cfg.get("build_missing", True)))
+        self.corpus_files = [parse_spec(c, data_dir)[0] for c in corpus]
         self.last_match: tuple[int, int, int] = (0, 0, 0)  # (suffix length, suffix-array rows lo, hi)
 
     def describe(self) -> dict:
-        return super().describe() | {k: getattr(self, k) for k in SETTINGS} | {
+        return super().describe() | {k: getattr(self, k) for k in SETTINGS} | {"cut": self.cut} | {
             "datastore": self.datastore_path.name, "datastore_tokens": len(self.datastore),
             "corpus": self.datastore.meta.get("corpus")}
+
+    def inputs(self) -> dict:
+        return {"corpus": self.corpus_files, "datastore": self.datastore_path}
 
     def verify_widths(self) -> list[int]:
         return [self.num_draft + 1]  # the largest trie and its root
@@ -77,6 +88,8 @@ class REST(SpeculativeMethod):
         """(parents, tokens, counts) of the kept trie nodes, parents first (-1: the root)."""
         parent, token, count, depth = prefix_counts(conts)
         keep = top_nodes(parent, count, depth, self.num_draft)
+        if self.cut == "paths":
+            keep = cut_paths(parent, token, depth, count, keep, self.num_draft)
         new = {int(i): j for j, i in enumerate(keep)}
         return [new[int(parent[i])] if parent[i] >= 0 else -1 for i in keep], token[keep].tolist(), count[keep].tolist()
 

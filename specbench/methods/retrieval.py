@@ -8,7 +8,8 @@ returns the tree with its node tokens in the tree's node order.
 `prefix_counts` is REST's trie: every distinct prefix of the retrieved continuations with the
 number of continuations that start with it (draftretriever's `cnt`), computed with one numpy
 `unique` per depth; `top_nodes` keeps the `n` most frequent, which is a trie because a prefix is
-never less frequent than its extensions (ties: shorter first, so a kept node's parent is kept).
+never less frequent than its extensions (ties: shorter first, so a kept node's parent is kept);
+`cut_paths` then trims them as draftretriever's `cut_to_choices` does.
 """
 
 from __future__ import annotations
@@ -69,3 +70,26 @@ def top_nodes(parent: np.ndarray, count: np.ndarray, depth: np.ndarray, n: int) 
     """Indices (ascending: parents first) of the n nodes with the highest counts, ties shorter first."""
     keep = np.lexsort((depth, -count))[:n]
     return np.sort(keep)
+
+
+def cut_paths(parent: np.ndarray, token: np.ndarray, depth: np.ndarray, count: np.ndarray, keep: np.ndarray,
+              choices: int) -> np.ndarray:
+    """draftretriever's `cut_to_choices` (REST, DraftRetriever/src/lib.rs) on the kept nodes `keep`: each
+    node is the path from the root to it, weighing the number of *distinct token values* on that path;
+    paths are removed, heaviest first, until the weights sum to at most `choices`. The authors order
+    equal weights by a hash set's iteration order (seeded per process); here deeper first (a child
+    before its parent, so what stays is still a trie), then less frequent, then later seen. How many
+    nodes stay does not depend on that order, only which ones."""
+    distinct: dict[int, frozenset] = {}
+    for i in keep.tolist():  # parents first
+        p = int(parent[i])
+        distinct[i] = (distinct[p] if p >= 0 else frozenset()) | {int(token[i])}
+    order = sorted(distinct, key=lambda i: (-len(distinct[i]), -int(depth[i]), int(count[i]), -i))
+    total = sum(len(v) for v in distinct.values())
+    removed = set()
+    for i in order:
+        if total <= choices:
+            break
+        total -= len(distinct[i])
+        removed.add(i)
+    return np.array([i for i in keep.tolist() if i not in removed], dtype=np.int64)

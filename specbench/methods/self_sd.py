@@ -172,15 +172,20 @@ class SelfSD(SpeculativeMethod):
         return super().describe() | self.skip_info | self.vocab_info
 
     def propose(self, k_max: int):
-        base = len(self.tokens) - 1  # committed tokens in the cache; the pending token's position
-        device = self.target.device
+        # the draft's own entries in the shared cache are dropped by the decode loop (`draft_candidates`)
+        return self.draft_loop(k_max, skipped_draft(self, self.skip, self.draft_head))
 
-        def next_draft(drafts):
-            tok = drafts[-1] if drafts else self.tokens[-1]
-            pos = torch.full((1,), base + len(drafts), device=device)  # a fill on the device, no host copy
-            logits, hidden = self.target.forward([tok], self.cache, positions=pos, skip=self.skip, last_only=True,
-                                                 head=self.draft_head)
-            return logits[-1], hidden[-1]
 
-        # the draft's own entries in the shared cache are dropped by the decode loop (`draft`)
-        return self.draft_loop(k_max, next_draft)
+def skipped_draft(method: SpeculativeMethod, skip: LayerSkip, head=None):
+    """`next_draft` for `draft_loop`: the target with `skip` left out, one token per forward into the
+    shared cache, at explicit positions (layers hold different lengths while drafting); SWIFT uses it too."""
+    base = len(method.tokens) - 1  # committed tokens in the cache; the pending token's position
+    device = method.target.device
+
+    def next_draft(drafts):
+        tok = drafts[-1] if drafts else method.tokens[-1]
+        pos = torch.full((1,), base + len(drafts), device=device)  # a fill on the device, no host copy
+        logits, hidden = method.target.forward([tok], method.cache, positions=pos, skip=skip, last_only=True, head=head)
+        return logits[-1], hidden[-1]
+
+    return next_draft

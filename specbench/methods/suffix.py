@@ -11,15 +11,18 @@ Two tries with counts, each holding every suffix of its sequences cut at `max_de
 A node's count is the number of positions whose next tokens spell its path, so
 count(child) / count(node) is the frequency with which the path continued with the child's token.
 
-Each step (arctic `SuffixTree.speculate` with `use_tree_spec`, the paper's section 4): the pattern
-is the last `max_depth` tokens (pending token included). For every match length p, longest first,
-the trie node of the pattern's last p tokens grows a speculation tree greedily, most probable node
-first, where a node's probability is the product of count ratios along its path (the paper's
-frequency score D), children below `min_token_prob` never added, at most
-min(max_spec_tokens, floor(max_spec_factor * p + max_spec_offset)) nodes (the paper's adaptive
-MAX_SPEC = alpha * p). The candidate with the highest score, the sum of its nodes' probabilities
-(the expected number of accepted tokens), wins, per trie and then across the two tries (the
-per-request trie wins ties). The tree is verified in one target forward (greedy, or lossless
+Each step (arctic `SuffixTree.speculate`, the paper's section 4): the pattern is the last
+`max_depth` tokens (pending token included). For every match length p, longest first, the trie
+node of the pattern's last p tokens grows a speculation of at most
+min(max_spec_tokens, floor(max_spec_factor * p + max_spec_offset)) tokens (the paper's adaptive
+MAX_SPEC = alpha * p), where a node's probability is the product of count ratios along its path
+(the paper's frequency score D) and nodes below `min_token_prob` are never added:
+- `spec: tree` (`use_tree_spec=True`: the paper, and arctic's simulator that produced its figures):
+  a tree grown greedily, most probable node first;
+- `spec: path` (`use_tree_spec=False`: what vLLM and arctic's own vLLM runner call): one path, the
+  most frequent child at every node.
+The candidate with the highest score, the sum of its nodes' probabilities (the expected number of
+accepted tokens), wins, per trie and then across the two tries (the per-request trie wins ties). The tree is verified in one target forward (greedy, or lossless
 multi-candidate rejection sampling with one-hot drafts). Device work while drafting: none (the
 tries are host data, as in the authors' CPU-side cache); host reads per step: the verifier's only.
 """
@@ -31,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError
+from specbench.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.retrieval import token_tree
 
@@ -106,20 +109,39 @@ class SuffixTrie:
             push(child, -neg, len(out.tokens) - 1)
         return out
 
-    def speculate(self, pattern: list[int], max_spec: int, factor: float, offset: float, min_prob: float) -> Candidate:
+    def grow_path(self, node: Node, budget: int, min_prob: float) -> Candidate:
+        """arctic's `_speculate_path`: from `node`, follow the most frequent child (ties: the first
+        added) while the path's probability stays >= `min_prob`, at most `budget` tokens."""
+        out, prob = Candidate(), 1.0
+        while len(out.tokens) < budget and node.children:
+            tok, child = max(node.children.items(), key=lambda kv: kv[1].count)  # max keeps the first of equals
+            prob *= child.count / node.count
+            if prob < min_prob:
+                break
+            out.parents.append(len(out.tokens) - 1)
+            out.tokens.append(tok)
+            out.probs.append(prob)
+            out.score += prob
+            node = child
+        return out
+
+    def speculate(self, pattern: list[int], max_spec: int, factor: float, offset: float, min_prob: float,
+                  tree: bool = True) -> Candidate:
         best = Candidate()
         pattern = pattern[-self.max_depth :]
+        grow = self.grow if tree else self.grow_path
         for start in range(len(pattern)):  # longest match first; a shorter one must score higher
             node = self.match(pattern[start:])
             if node is None:
                 continue
             p = len(pattern) - start
-            cand = self.grow(node, max(0, min(max_spec, int(p * factor + offset + 1e-6))), min_prob)
+            cand = grow(node, max(0, min(max_spec, int(p * factor + offset + 1e-6))), min_prob)
             if cand.score > best.score:
                 best, best.match_len = cand, p
         return best
 
 
+SPECS = ("tree", "path")  # arctic's speculate(use_tree_spec=True | False)
 SETTINGS = {"max_depth": (int, 1), "max_spec_tokens": (int, 1), "max_spec_factor": (float, 0.0),
             "max_spec_offset": (float, None), "min_token_prob": (float, 0.0)}
 
@@ -141,12 +163,16 @@ class SuffixDecoding(SpeculativeMethod):
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected {rule}")
             setattr(self, key, kind(v))
         self.reset_per_sequence = bool(cfg.get("reset_per_sequence", False))
+        self.spec = cfg.get("spec")
+        if self.spec not in SPECS:
+            raise choice_error("method.spec", self.spec, SPECS)
         self.global_trie = SuffixTrie(self.max_depth)
         self.n_outputs = 0  # sequence ids of the global trie: one per generation
         self.source = ""  # which trie the last draft came from
 
     def describe(self) -> dict:
-        return super().describe() | {k: getattr(self, k) for k in SETTINGS} | {"reset_per_sequence": self.reset_per_sequence}
+        return super().describe() | {k: getattr(self, k) for k in SETTINGS} | {"reset_per_sequence": self.reset_per_sequence,
+                                                                                 "spec": self.spec}
 
     def verify_widths(self) -> list[int]:
         return [self.max_spec_tokens + 1]
@@ -173,7 +199,7 @@ class SuffixDecoding(SpeculativeMethod):
         self.learned = len(self.tokens)
 
     def speculate(self) -> Candidate:
-        args = (self.max_spec_tokens, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)
+        args = (self.max_spec_tokens, self.max_spec_factor, self.max_spec_offset, self.min_token_prob, self.spec == "tree")
         local = self.local_trie.speculate(self.tokens, *args)
         glob = self.global_trie.speculate(self.tokens, *args)
         self.source = "global" if glob.score > local.score else "local"

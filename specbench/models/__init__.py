@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -107,14 +108,35 @@ def load_hf(cfg) -> ModelAdapter:
         kwargs["device_map"] = cfg.device_map
     try:
         tok = AutoTokenizer.from_pretrained(str(cfg.id), revision=cfg.get("revision"))
+    except OSError as e:
+        raise SpecBenchError(f"cannot load model {cfg.id!r} (offline, and not a local path?): {str(e).splitlines()[0][:200]}")
+    try:
         model = AutoModelForCausalLM.from_pretrained(str(cfg.id), **kwargs)
     except OSError as e:
         raise SpecBenchError(f"cannot load model {cfg.id!r} (offline, and not a local path?): {str(e).splitlines()[0][:200]}")
+    except Exception as e:  # noqa: BLE001 - weights weights_only refuses (a pickle of more than tensors), damaged files
+        raise SpecBenchError(f"cannot load the weights of model {cfg.id!r} ({_weight_files(cfg)}): {_load_error(e)}") from None
     if not cfg.get("device_map"):
         model.to(device)
     adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.get("chat_template", True), list(cfg.get("eos_tokens", []))), str(cfg.id))
     adapter.key = "hf-" + hashlib.sha1(f"{cfg.id}@{cfg.get('revision')}:{dtype}".encode()).hexdigest()[:12]
     return adapter
+
+
+def _weight_files(cfg) -> str:
+    """The weight files of a local model directory, for the error line (a hub id: its name only)."""
+    d = Path(str(cfg.id)).expanduser()
+    found = sorted(p.name for p in d.glob("*") if p.suffix in (".bin", ".pt", ".pth", ".safetensors")) if d.is_dir() else []
+    return ", ".join(str(d / n) for n in found[:3]) + (", ..." if len(found) > 3 else "") if found else "its weight files"
+
+
+def _load_error(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if isinstance(e, pickle.UnpicklingError):  # torch's text advises weights_only=False: the one thing not to do
+        found = next((ln for ln in lines if "GLOBAL" in ln.upper()), "it holds objects other than tensors")
+        return (f"UnpicklingError: torch.load(weights_only=True) refused it ({found[:160]}): it could run code when "
+                "loaded; use a safetensors copy from a trusted source")
+    return f"{type(e).__name__}: {(lines or [''])[0][:200]}"
 
 
 def tiny_llama_config(cfg):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.errors import SpecBenchError
-from specbench.rundir import OLD_MARK, read_finished, trains_on_first_use
+from specbench.rundir import moved_aside, read_finished, trains_on_first_use
 
 # fingerprint keys that never make two runs different systems
 # (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up; measure.* are
@@ -189,7 +189,7 @@ def find_runs(dirs, allow_empty: bool = False) -> list[Run]:
             if rd in seen:
                 continue
             seen.add(rd)
-            if OLD_MARK in rd.name:
+            if moved_aside(rd):
                 print(f"note: skipping {rd}: a run moved aside by overwrite=true")
                 continue
             try:

@@ -4,7 +4,9 @@ A task yields `Sample`s. The runner turns a sample into chat messages (few-shot 
 the user turns one at a time, each followed by the model's own reply) and asks the task to score
 the list of replies. Loading order for every task: a local data directory, then the Hugging Face
 hub through `datasets`, then data shipped in a package; if none works, one clear error naming
-every place that was tried.
+every place that was tried. A file that is there but cannot be read (damaged, truncated, not
+UTF-8, not JSONL) is an error naming it, never skipped for the next place: the run would measure
+other data than the user put there.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import gzip
 import json
 import os
 import random
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -97,11 +100,14 @@ DATA_HINT = ("Set SPECBENCH_DATA_DIR (or task.data_dir) to a data folder (docs/d
 
 
 def first_available(task: str, loaders: list[tuple[str, Callable[[], Any]]]):
-    """Try each (description, loader) in turn; one error naming every place tried if all fail."""
+    """Try each (description, loader) in turn; one error naming every place tried if all fail. A
+    loader's SpecBenchError (a file there but unreadable) ends the search: it is reported as is."""
     tried = []
     for where, loader in loaders:
         try:
             result = loader()
+        except SpecBenchError:
+            raise
         except Exception as e:  # noqa: BLE001 - each failure is reported in the final message
             tried.append(f"{where} ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})")
             continue
@@ -119,14 +125,19 @@ def read_jsonl(path: Path) -> list[dict] | None:
         return None
     opener = gzip.open if path.suffix == ".gz" else open
     records = []
-    with opener(path, "rb") as f:
-        for i, raw in enumerate(f, 1):
-            line = utf8_line(raw, path, i)
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise SpecBenchError(f"{path}:{i} is not valid JSON ({e.msg})") from None
+    i = 0
+    try:
+        with opener(path, "rb") as f:
+            for i, raw in enumerate(f, 1):
+                line = utf8_line(raw, path, i)
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise SpecBenchError(f"{path}:{i} is not valid JSON ({e.msg})") from None
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError; a cut-off .gz: EOFError
+        where = f"{path}:{i + 1}" if i else str(path)
+        raise SpecBenchError(f"{where} cannot be read ({type(e).__name__}: {e}); replace or remove the file") from None
     return records
 
 

@@ -20,6 +20,16 @@ def _score_one(reply: str, reference: str) -> dict[str, float]:
     return scores
 
 
+def _label(rec: dict, field: str, where: str) -> str:
+    """An id or category: a string or a number, as text. null, a list or an object would become
+    'None' or its Python repr, a label no one wrote."""
+    v = rec[field]
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)) or v == "":
+        shown = json.dumps(v)
+        raise SpecBenchError(f"{where}: field {field!r} is {shown[:80]}; expected a non-empty string or a number")
+    return str(v)
+
+
 @register_task
 class JsonlTask(Task):
     name = "jsonl"
@@ -69,13 +79,15 @@ class JsonlTask(Task):
                     raise SpecBenchError(
                         f"{where}: field {field!r} must be a string or a non-empty list of strings"
                     )
+                if any(not t.strip() for t in turns):  # nothing to answer: the model would decode from its template alone
+                    raise SpecBenchError(f"{where}: field {field!r} holds an empty prompt; give every turn some text")
                 samples.append(
                     Sample(
-                        id=str(rec[id_field]) if id_field else str(i),
+                        id=_label(rec, id_field, where) if id_field else str(i),
                         turns=turns,
                         system=self.cfg.get("system"),
                         reference=rec[ref_field] if ref_field else None,
-                        category=str(rec[cat_field]) if cat_field else None,
+                        category=_label(rec, cat_field, where) if cat_field else None,
                     )
                 )
         if not samples:

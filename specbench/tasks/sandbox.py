@@ -1,8 +1,9 @@
 """Run untrusted generated code in an isolated, resource-limited process, and judge it from outside.
 
 Isolation (bubblewrap, `bwrap`, Debian package `bubblewrap`): the program runs in new PID,
-network, IPC and UTS namespaces, on a read-only view of the system directories and this Python's
-installation only (not the project, the data, or home directories), with a private tmpfs at /tmp,
+network, IPC and UTS namespaces, on a read-only view built from an allow-list (sandbox_view.py:
+the real interpreter, the shared libraries it loads, the standard library with its site-packages
+hidden; no installed package, venv, project, data or home directory), with a private tmpfs at /tmp,
 a fresh /proc and /dev, no capabilities, an empty environment and `--die-with-parent`. It sees no
 process of the harness (cannot signal it or read its environment or memory), cannot reach the
 network and cannot write anywhere that outlives the call; when the sandbox's first process ends,
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.errors import SpecBenchError
+from specbench.tasks.sandbox_view import host_view, interpreter
 
 MAX_OUTPUT_CHARS = 4000  # the tail of the output kept in the result
 OUTPUT_CAP = 1 << 20  # bytes read at most; a program printing more is stopped
@@ -69,7 +71,9 @@ def bwrap_usable() -> str | None:
     if exe is None:
         return None
     try:
-        r = subprocess.run(_bwrap_argv(exe) + ["/bin/true"], input=b"", capture_output=True, timeout=30,
+        # the namespaces only (what the sandbox shows is tested by the task's self-test)
+        r = subprocess.run(_bwrap_argv(exe, ["--ro-bind", "/", "/"]) + [interpreter(), "-I", "-S", "-c", ""], input=b"",
+                           capture_output=True, timeout=30,
                            env={"PATH": os.defpath})
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -83,28 +87,13 @@ def require_isolation(opt_in: str) -> None:
                              f"cannot create namespaces here: {INSTALL}, or set {opt_in} to run it WITHOUT isolation")
 
 
-# what the sandbox sees of the host, read-only: the system, and this Python's installation
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
-ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
-             "/etc/group", "/etc/nsswitch.conf")
-
-
 def _host_view() -> list[str]:
-    # the private /tmp first: binds made after it may live under /tmp (a venv there) and stay visible
-    args = ["--tmpfs", "/tmp"]
-    for p in SYSTEM_DIRS:
-        if os.path.islink(p):  # merged /usr: /bin -> usr/bin
-            args += ["--symlink", os.readlink(p), p]
-        else:
-            args += ["--ro-bind-try", p, p]
-    for p in ETC_FILES + tuple(dict.fromkeys((sys.base_prefix, sys.prefix))):
-        args += ["--ro-bind-try", p, p]
-    return args
+    return host_view().args()
 
 
-def _bwrap_argv(exe: str) -> list[str]:
+def _bwrap_argv(exe: str, view: list[str] | None = None) -> list[str]:
     return [
-        exe, *_host_view(), "--dev", "/dev", "--proc", "/proc",
+        exe, *(_host_view() if view is None else view), "--dev", "/dev", "--proc", "/proc",
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
@@ -158,7 +147,7 @@ def run_judged(sources: list[str], entry_point: str | None, check_code: str | No
         _warn_unisolated()
     mark = secrets.token_hex(16)
     limits = _limits(memory_mb, math.ceil(timeout_s) + 1)
-    server = [sys.executable, "-I", "-c", CHILD, "server"]
+    server = [host_view().python if exe else sys.executable, "-I", "-c", CHILD, "server"]
     with tempfile.TemporaryDirectory(prefix="specbench-sandbox-") as tmp:
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"sources": list(sources), "entry_point": entry_point, "check_code": check_code,

@@ -62,16 +62,27 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
     return load_sequences(target, dcfg, data_dir, seed)[0]
 
 
+def _desc(target: ModelAdapter, dcfg, seed: int) -> dict:
+    caps = ("gen_minutes",)
+    return {"model": target.key, **{k: dcfg[k] for k in sorted(dcfg.keys()) if k not in caps}, "seed": seed,
+            "format": DATA_FORMAT}
+
+
+def sequences_path(target: ModelAdapter, dcfg, seed: int, finished: bool = True) -> Path:
+    """Where load_sequences caches the data; finished=False: the journal of a generation not yet
+    finished (stopped by a safety cap), which holds the sequences read meanwhile."""
+    key = hashlib.sha1(json.dumps(_desc(target, dcfg, seed), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = cache_dir() / "distill" / f"{target.key}-{key}.json"
+    return path if finished else path.with_name(path.stem + ".journal.jsonl")
+
+
 def load_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> tuple[list[tuple[list[int], int]], str | None]:
     """(sequences, the safety cap that cut generation short or None). The budget is the number of
     prompts and original answers (train.data.*); train.data.gen_minutes (null by default) is only a
     safety cap and is not part of the data's key. Generated sequences go to a journal as each batch
     finishes, so an interrupted generation (a crash, Ctrl-C, the cap) continues where it stopped."""
-    caps = ("gen_minutes",)
-    desc = {"model": target.key, **{k: dcfg[k] for k in sorted(dcfg.keys()) if k not in caps}, "seed": seed,
-            "format": DATA_FORMAT}
-    key = hashlib.sha1(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    path = cache_dir() / "distill" / f"{target.key}-{key}.json"
+    desc = _desc(target, dcfg, seed)
+    path = sequences_path(target, dcfg, seed)
     if path.is_file():
         print(f"self-distillation data: reusing {path}")
         return [tuple(s) for s in read_json(path, "self-distillation data", "delete it; training regenerates it")["sequences"]], None
@@ -83,7 +94,7 @@ def load_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> tuple[lis
     tok = target.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": TEMPLATES[j % len(TEMPLATES)].format(q=rows[i]["question"])}])
                for j, i in enumerate(gen_rows)]
-    journal = path.with_name(path.stem + ".journal.jsonl")
+    journal = sequences_path(target, dcfg, seed, finished=False)
     sequences, stopped = generate(target, prompts, dcfg, seed, journal=journal)
     eos = min(tok.eos_ids) if tok.eos_ids else None
     for i in orig_rows:

@@ -95,7 +95,8 @@ def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     log, stopped = train_loop("eagle head", list(head.parameters()), loss_fn, train, tcfg, pad, target.device,
-                              resume=resume_for(cfg, "eagle", target.key, head.structure(), "head"), held=held)
+                              resume=resume_for(cfg, "eagle", target.key, head.structure(), "head"), held=held,
+                              inputs=store and store.inputs())
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)

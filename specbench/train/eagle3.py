@@ -188,7 +188,7 @@ def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     log, stopped = train_loop("eagle3 draft", [p for p in head.parameters() if p.requires_grad], loss_fn, train, tcfg, pad, target.device,
                               resume=resume_for(cfg, "eagle3", target.key, structure_of(mcfg), "draft"),
-                              eval_fn=held_out if held else None)
+                              eval_fn=held_out if held else None, inputs=store and store.inputs())
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after) | {"layers": layers}

@@ -9,7 +9,9 @@ Here the target runs once over every sequence (a batched, right-padded prefill: 
 keeps the real positions unaffected; never generation), and the features are stored in
 `<cache>/features/<key>.safetensors`, keyed by the model's identity, the sequences' hash (their
 tokens cut at train.max_len), the tap set and the storage dtype; every trainer and resumed run with
-the same key reuses the file.
+the same key reuses the file. A store is checked when read: one that is damaged or holds NaN or
+infinite values (a valid header over poisoned numbers) is ignored and computed again; features
+that are not finite as computed are never written (one line).
 
 `train.feature_cache`: `float16` (default; tests/test_features.py and tests/test_eesd_features.py
 show the loss within 1e-3 relative of the live computation on the tiny model), `float32`, or null
@@ -33,7 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from specbench.artifacts import atomic_write, cache_dir, safe_key
+from specbench.artifacts import all_finite, atomic_write, cache_dir, safe_key
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
 
@@ -44,13 +46,17 @@ DTYPES = {"float16": torch.float16, "float32": torch.float32}
 class FeatureStore:
     """Features [sum of lengths, F] of the sequences, found by their tokens."""
 
-    def __init__(self, feats: torch.Tensor, keys: list[tuple], dtype, device):
-        self.feats, self.dtype, self.device = feats, dtype, device
+    def __init__(self, feats: torch.Tensor, keys: list[tuple], dtype, device, path=None):
+        self.feats, self.dtype, self.device, self.path = feats, dtype, device, path
         self.index: dict[tuple, tuple[int, int]] = {}
         at = 0
         for k in keys:
             self.index.setdefault(k, (at, len(k)))
             at += len(k)
+
+    def inputs(self) -> dict:
+        """What a training reading this store names when its loss is not finite (train_loop)."""
+        return {"the target's features": str(self.path)}
 
     @property
     def width(self) -> int:
@@ -126,13 +132,17 @@ def target_features(target: ModelAdapter, sequences, taps, tcfg) -> FeatureStore
         print(f"target features: the {[str(t) for t in taps]} columns of {path}", flush=True)
     elif feats is None:
         feats = prefill(target, [list(k) for k in keys], taps).to(DTYPES[kind])
+        if not all_finite(feats):  # never cached: every later training would read it
+            raise SpecBenchError(f"the target's features at taps {[str(t) for t in taps]} hold NaN or infinite values as "
+                                 f"computed ({kind}): check the model's weights, or store them wider "
+                                 "(train.feature_cache=float32); nothing written")
         meta = {"format": FORMAT, "key": key, "model": target.key, "taps": [str(t) for t in taps], "dtype": kind}
         atomic_write(path, lambda p: save_file({"features": feats.contiguous()}, str(p),
                                                metadata={"specbench": json.dumps(meta)}))
         print(f"target features: {len(keys)} sequences, {feats.shape[0]} positions x {width} ({kind}) -> {path}", flush=True)
     else:
         print(f"target features: reusing {path}", flush=True)
-    return FeatureStore(feats, keys, target.dtype, target.device)
+    return FeatureStore(feats, keys, target.dtype, target.device, path)
 
 
 def _load(path, accept, say_damaged: bool = False):
@@ -143,11 +153,15 @@ def _load(path, accept, say_damaged: bool = False):
             meta = json.loads((f.metadata() or {})["specbench"])
             if meta.get("format") != FORMAT or not accept(meta):
                 return None
-            return meta, f.get_tensor("features")
+            feats = f.get_tensor("features")
     except Exception as e:  # noqa: BLE001 - a damaged cache file is recomputed, never trusted
         if say_damaged:
             print(f"target features: ignoring {path} ({type(e).__name__}); recomputing", flush=True)
         return None
+    if not all_finite(feats):  # a valid header over NaN: trained on, it poisons every artifact made from it
+        print(f"target features: ignoring {path} (NaN or infinite values); recomputing", flush=True)
+        return None
+    return meta, feats
 
 
 def _read(path, key: str, rows: int, width: int) -> torch.Tensor | None:

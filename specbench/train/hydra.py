@@ -117,7 +117,7 @@ def train_hydra(target: ModelAdapter, cfg, sequences) -> dict:
     heads.train()
     log, stopped = train_loop("hydra heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device,
                               resume=resume_for(cfg, "hydra", target.key, heads.structure(), "heads"),
-                              eval_fn=held_out if held else None)
+                              eval_fn=held_out if held else None, inputs=store and store.inputs())
     heads.eval()
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     top1 = head_top1(target, heads, held, tcfg, pad, store=store)

@@ -103,7 +103,7 @@ def default_eval(loss_fn, held, tcfg, pad, device):
 
 
 def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=None, *, resume=None, held=None,
-               eval_fn=None, rngs=(), on_resume=None):
+               eval_fn=None, rngs=(), on_resume=None, inputs=None):
     """Shared optimisation loop: AdamW, planned steps (planned_steps), learning-rate schedule,
     progress bar, loss log. `groups`: AdamW parameter groups with their own lr (Medusa-2's
     differential rates); default one group. Keyword arguments (all optional):
@@ -113,8 +113,11 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
         "acceptance": [per depth]}, run at step 0, every train.eval_every steps and at the end;
         logged as the step's "held_out" (step 0: the first step's "held_out_start");
     rngs: random.Random objects loss_fn draws from (saved with the state, untouched by evaluations);
-    on_resume: called with the step a resumed run continues from.
-    train.max_minutes (null by default) is a safety cap: reaching it stops early and says so."""
+    on_resume: called with the step a resumed run continues from;
+    inputs: what the loss reads besides the sequences ({what: path}, a FeatureStore's inputs()).
+    train.max_minutes (null by default) is a safety cap: reaching it stops early and says so.
+    A loss or gradient that is not finite stops the training at once, before the step changes a
+    parameter or a resume state is saved: one line naming the step and the inputs."""
     opt = torch.optim.AdamW(groups or [p for p in params if p.requires_grad], lr=float(tcfg.lr), weight_decay=0.0)
     base_lrs = [g["lr"] for g in opt.param_groups]
     total, bound = planned_steps(len(sequences), tcfg)
@@ -147,10 +150,16 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
             labelled += counted
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+            # one host read per step, as before, now ahead of the step: a NaN never reaches a parameter
+            value, norm = torch.stack([loss.detach(), norm.to(loss.device, loss.dtype)]).tolist()
+            if not (math.isfinite(value) and math.isfinite(norm)):
+                bar.close()
+                raise SpecBenchError(_not_finite(name, s, total, value, norm, len(sequences), tcfg, inputs,
+                                                 resume.path if meta else None))
             opt.step()
             record = {"step": s + 1, "epoch": s // math.ceil(len(sequences) / int(tcfg.batch_size)),
-                      "loss": loss.item(), "lr": opt.param_groups[0]["lr"]}
+                      "loss": value, "lr": opt.param_groups[0]["lr"]}
             if first_eval is not None:
                 record["held_out_start"], first_eval = first_eval, None
             if every and (_due(s + 1, every) or s + 1 == total):
@@ -173,6 +182,15 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
                              f"train.max_minutes={cap}, train.max_len={tcfg.max_len}: answers past max_len carry no label); "
                              "no checkpoint written")
     return log, stopped
+
+
+def _not_finite(name, step, total, loss, norm, n, tcfg, inputs, resumed_from) -> str:
+    what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
+    read = [f"{k} {v}" for k, v in (inputs or {}).items()] + [f"{n} training sequences"]
+    read += [f"the resume state {resumed_from}"] if resumed_from else []
+    return (f"training {name} stopped at step {step + 1} of {total}: {what}, not finite; stopped before the step "
+            f"changed a parameter, no checkpoint written. It read {', '.join(read)}: delete a damaged input and "
+            f"rerun; a diverging loss wants a lower train.lr (now {tcfg.lr})")
 
 
 def _print_plan(name, n, steps, tcfg, bound, t_step, t_eval, every, resumed: int) -> None:

@@ -116,7 +116,8 @@ def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
         return {"acceptance": [row[0] for row in medusa_accuracy(target, heads, held, tcfg, pad, ranks=1)]}
 
     log, stopped = train_loop("medusa heads", list(heads.parameters()), loss_fn, train, tcfg, pad, target.device,
-                              resume=resume_for(cfg, "medusa", target.key, heads.structure(), "heads"), eval_fn=acceptance)
+                              resume=resume_for(cfg, "medusa", target.key, heads.structure(), "heads"), eval_fn=acceptance,
+                              inputs=store and store.inputs())
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     heads.eval()
     acc = medusa_accuracy(target, heads, held, tcfg, pad)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -31,6 +32,7 @@ class Part:
     train: str | Callable           # a TRAINERS name, or (cfg with the first-use budget, target) -> None
     minutes: Callable               # (first-use cfg) -> rough duration in minutes, or None (unknown before it starts)
     key: str = ""                   # parts with one key are trained by one call
+    method: Any = None              # the method config its trainer reads (None: the run's; SAM-Decoding's auxiliary's)
 
 
 def first_use(*methods: str):

@@ -5,9 +5,9 @@ with exactly the weights an uninterrupted run ends with.
 
 The file is safetensors (tensors) plus JSON metadata, never a pickle; it is written atomically
 (artifacts.atomic_write). A state saved by another setting (its `key` differs: other train or
-method settings, other data, other parameter shapes) or a file that cannot be read is ignored
-with one line, and training starts from step 0. save_checkpoint deletes an artifact's resume
-states once the artifact itself is written.
+method settings, other data, other parameter shapes), a file that cannot be read, or one holding
+NaN or infinite values is ignored with one line, and training starts from step 0.
+save_checkpoint deletes an artifact's resume states once the artifact itself is written.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench.artifacts import atomic_write, checkpoint_path, safe_key
+from specbench.artifacts import all_finite, atomic_write, checkpoint_path, safe_key
 
 FORMAT = "specbench-train-resume/1"
 OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")  # AdamW's per-parameter state
@@ -96,7 +96,8 @@ def _check(tensors: dict, params) -> str | None:
             want = () if part[2] == "step" else tuple(params[i].shape)
             if tuple(t.shape) != want:
                 return f"{k} has shape {list(t.shape)}"
-    return None
+    bad = next((k for k, t in tensors.items() if not all_finite(t)), None)
+    return f"{bad} holds NaN or infinite values" if bad else None
 
 
 def load(resume: Resume, key: str, opt, rngs) -> dict | None:

@@ -78,7 +78,8 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     log, stopped = train_loop("eesd exit layer", list(exit_.parameters()), loss_fn, train, tcfg, pad, target.device,
-                              resume=resume_for(cfg, "eesd", target.key, exit_.structure(), "exit"), held=held)
+                              resume=resume_for(cfg, "eesd", target.key, exit_.structure(), "exit"), held=held,
+                              inputs=store and store.inputs())
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)
     path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specbench import table
 from specbench.errors import SpecBenchError
-from specbench.rundir import OLD_MARK, read_finished
+from specbench.rundir import moved_aside, read_finished
 
 
 def _summaries(dirs):
@@ -25,7 +25,7 @@ def _summaries(dirs):
         if not d.exists():
             raise SpecBenchError(f"results dir {d} does not exist")
         for s in sorted(d.rglob("summary.json")):
-            if OLD_MARK in s.parent.name:
+            if moved_aside(s.parent):
                 continue
             try:
                 summary = json.loads(s.read_text())

@@ -32,10 +32,47 @@ WORKER = Path(__file__).resolve().parent / "worker.py"
 PRELOAD = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "lib/libiomp5.so")  # the second: in the vLLM env
 
 
-def check_environment(python: Path) -> None:
+ENV_HINT = "run `make vllm-env` (or set engine.python to a Python with vllm installed)"
+PROBE = "import vllm; print(vllm.__version__)"
+PROBE_TIMEOUT_S = 600.0  # importing vllm takes seconds to a minute; a hang is not an environment
+SYSTEM_KEYS = {"tokens": list, "wall": (int, float), "new_tokens": int, "requests": list, "spec": dict}
+SPEC_KEYS = ("drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos")
+
+
+def check_environment(python: Path, timeout_s: float) -> str:
+    """vLLM's version in `python` (as the worker runs it), before anything is written: a Python
+    that cannot import vllm would fail only once the run directory exists."""
     if not python.is_file():
-        raise SpecBenchError(f"engine=vllm needs the vLLM environment: {python} not found; run `make vllm-env` "
-                             "(or set engine.python to a Python with vllm installed)")
+        raise SpecBenchError(f"engine=vllm needs the vLLM environment: {python} not found; {ENV_HINT}")
+    try:
+        p = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout_s, check=False,
+                           env=worker_env(python, 1), cwd=tempfile.gettempdir())
+    except subprocess.TimeoutExpired:
+        raise SpecBenchError(f"engine=vllm: `import vllm` in {python} took longer than {timeout_s:g} s; {ENV_HINT}") from None
+    except OSError as e:
+        raise SpecBenchError(f"engine=vllm: {python} does not run ({e.strerror or e}); {ENV_HINT}") from None
+    if p.returncode:
+        last = ([ln.strip() for ln in p.stderr.splitlines() if ln.strip()] or ["no output"])[-1][:200]
+        raise SpecBenchError(f"engine=vllm needs the vLLM environment: {python} cannot import vllm ({last}); {ENV_HINT}")
+    return p.stdout.strip()
+
+
+def check_record(rec, todo: list[int], seen: set, n_prompts: int) -> str | None:
+    """What is wrong with one line of the worker's reply (None: a complete info or batch record)."""
+    if not isinstance(rec, dict) or rec.get("kind") not in ("info", "batch"):
+        return "a line that is neither an info nor a batch record"
+    if rec["kind"] == "info":
+        return None
+    b = rec.get("batch_size")
+    if b not in todo or b in seen:
+        return f"batch size {b!r}, {'twice' if b in seen else f'not one of {todo}'}"
+    for key in ("ar", "method"):
+        r = rec.get(key)
+        if not isinstance(r, dict) or any(not isinstance(r.get(k), t) for k, t in SYSTEM_KEYS.items()):
+            return f"batch {b}: no complete {key!r} result (needs {', '.join(SYSTEM_KEYS)})"
+        if len(r["tokens"]) != n_prompts or any(k not in r["spec"] for k in SPEC_KEYS):
+            return f"batch {b}: {key!r} has {len(r['tokens'])} outputs for {n_prompts} prompts, or incomplete spec-decode counters"
+    return None
 
 
 def worker_env(python: Path, kv_cache_gib: float) -> dict:
@@ -73,8 +110,10 @@ def provenance_of(cfg: DictConfig) -> dict:
 
 
 def run_worker(python: Path, spec: dict, log: Path, timeout_s: float, on_record) -> dict:
-    """Run the worker; `on_record(rec)` for each batch size the moment it is written. Returns the worker's info."""
+    """Run the worker; `on_record(rec)` for each batch size the moment it is written. Returns the worker's info.
+    Its reply is checked: every line a complete record, every batch size asked for reported, else one line."""
     info: dict = {}
+    todo, seen, n = list(spec["batch_sizes"]), set(), len(spec["prompts"])
     with tempfile.TemporaryDirectory(prefix="specbench-vllm-") as tmp:
         spec = spec | {"out": str(Path(tmp) / "results.jsonl")}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
@@ -82,23 +121,41 @@ def run_worker(python: Path, spec: dict, log: Path, timeout_s: float, on_record)
         with open(log, "a") as logf, open(spec["out"]) as results:
             proc = subprocess.Popen([str(python), str(WORKER), str(Path(tmp) / "spec.json")], stdout=logf, stderr=subprocess.STDOUT,
                                     env=worker_env(python, float(spec["kv_cache_gib"])), start_new_session=True, cwd=tmp)
-            deadline, pending = time.monotonic() + timeout_s, ""
-            while True:
-                ended = proc.poll() is not None
-                pending += results.read()
-                *lines, pending = pending.split("\n")
-                for line in lines:
-                    rec = json.loads(line)
-                    info.update(rec) if rec.get("kind") == "info" else on_record(rec)
-                if ended:
-                    break
-                if time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and the processes vLLM spawned
-                    raise SpecBenchError(f"the vLLM worker ran past engine.timeout_s={timeout_s:g}; finished batch sizes are kept ({log})")
-                time.sleep(0.2)
+            try:
+                deadline, pending = time.monotonic() + timeout_s, ""
+                while True:
+                    ended = proc.poll() is not None
+                    pending += results.read()
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        rec = _parse(line)
+                        if (wrong := check_record(rec, todo, seen, n)) is not None:
+                            raise SpecBenchError(f"the vLLM worker's reply is not usable: {wrong} ({line[:80]!r}); "
+                                                 f"finished batch sizes are kept (full log: {log})")
+                        info.update(rec) if rec["kind"] == "info" else (seen.add(rec["batch_size"]), on_record(rec))
+                    if ended:
+                        break
+                    if time.monotonic() > deadline:
+                        raise SpecBenchError(f"the vLLM worker ran past engine.timeout_s={timeout_s:g}; finished batch sizes are kept ({log})")
+                    time.sleep(0.2)
+            finally:  # an error, a timeout or Ctrl-C: the worker's own session goes, it and the processes vLLM spawned
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     if proc.returncode:
         raise SpecBenchError(f"the vLLM worker failed (exit {proc.returncode}): {last_error(log)} (full log: {log})")
+    missing = [f"batch size {b}" for b in todo if b not in seen] + ([] if info else ["its info record"])
+    if missing:  # exit 0 and an incomplete reply: no table, no crossover claimed from what is not there
+        raise SpecBenchError(f"the vLLM worker exited (0) without reporting {', '.join(missing)} ({last_error(log)}); "
+                             f"finished batch sizes are kept (full log: {log})")
     return info
+
+
+def _parse(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None  # check_record names it
 
 
 def last_error(log: Path) -> str:
@@ -115,7 +172,7 @@ def run_vllm(cfg: DictConfig) -> dict:
     validate(cfg)
     check_run_dir(cfg.get("run_dir"))
     python = settings.worker_python(cfg.engine)
-    check_environment(python)
+    version = check_environment(python, min(float(cfg.engine.timeout_s), PROBE_TIMEOUT_S))
     samples, prompts, tok = prompts_of(cfg)
     ids = [s.id for s in samples]
     provenance = provenance_of(cfg)
@@ -124,7 +181,7 @@ def run_vllm(cfg: DictConfig) -> dict:
     meta = {"engine": "vllm", "method": cfg.method.name, "task": cfg.task.name, "model": cfg.model.name, "vllm_model": model,
             "speculative_config": settings.speculative_config(plain["method"]), "sampling": plain["sampling"],
             "max_new_tokens": int(cfg.max_new_tokens), "prompts": len(prompts), "first_turn_only": any(len(s.turns) > 1 for s in samples),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "vllm_version": version, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)), provenance)
     try:
         done = run_dir.done()
@@ -145,6 +202,8 @@ def run_vllm(cfg: DictConfig) -> dict:
         records = list(done.values())  # every batch size measured into this dir (engine.batch_sizes may grow)
         summary = summarize(records) | {"meta": meta}
         run_dir.write("summary.json", json.dumps(summary, indent=2, default=str))
+    except KeyboardInterrupt:  # the worker is gone (run_worker); every finished batch size is on disk
+        raise run_dir.interrupted("batch sizes") from None
     finally:
         run_dir.release()
     summary["printed"] = print_summary(summary)
