@@ -40,3 +40,63 @@ def test_memory_efficient_kernel_takes_the_verification_call():
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
     assert out.shape == q.shape
+
+
+# -- model.execution=graphs with real captures (models/graphs.py) ----------------------------------
+def _graphs_model(dtype: str):
+    m = load_model(OmegaConf.create(TINY | {"dtype": dtype, "device": "cuda", "backend": "eager"}))
+    m.set_execution("graphs", 16)
+    return m
+
+
+@pytest.fixture(scope="module")
+def eager64():
+    return load_model(OmegaConf.create(TINY | {"dtype": "float64", "device": "cuda", "backend": "eager"}))
+
+
+@pytest.mark.parametrize("method", sorted(m for m in METHODS if m != "hf_assisted"))
+def test_captured_graphs_give_eager_ars_tokens(method, eager64, tmp_path, monkeypatch):
+    """float64 on the GPU (no near-ties): every method in graphs mode, its forwards captured and
+    replayed, returns eager AR's tokens; a second generation of the same prompts replays only."""
+    from specbench.models.graphs import CAPTURES
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    g = _graphs_model("float64")
+    torch.manual_seed(0)
+    m = build(method, g, every.method_config(method))
+    ref = m.finetuned_adapter if m.baseline_weights == "fine-tuned" else eager64
+    before = CAPTURES[0]
+    with torch.no_grad():
+        for prompt in every.PROMPTS:
+            assert m.generate(prompt, 16, frozenset(), 0).tokens == build("ar", ref, every.method_config("ar")).generate(
+                prompt, 16, frozenset(), 0).tokens
+        assert CAPTURES[0] > before, "nothing was captured"
+        captured = CAPTURES[0]
+        for prompt in every.PROMPTS:
+            m.generate(prompt, 16, frozenset(), 0)
+    assert CAPTURES[0] == captured, "the same generations captured again instead of replaying"
+
+
+@pytest.mark.parametrize("execution", ["eager", "graphs"])
+@pytest.mark.parametrize("method", ["ar", "pld", "eagle3", "eesd"])
+def test_the_gpus_sync_count_is_the_fake_counts_accounting(method, execution, tmp_path, monkeypatch):
+    """tests/test_sync_budget.py's accounting on the real GPU: per decoding step, the synchronising
+    calls torch reports (set_sync_debug_mode) are exactly the budget's reads (AR 1, a chain's drafted
+    tokens + 1, a tree 2): nothing the fake counter misses (pageable copies, implicit reads)."""
+    from test_sync_budget import GREEDY, budget
+
+    from specbench.models.graphs import precapture
+    from specbench.syncs import count_generation
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    t = load_model(OmegaConf.create(TINY | {"dtype": "float32", "device": "cuda", "backend": "eager"}))
+    t.set_execution(execution, 16)
+    precapture(t)
+    m = build(method, t, every.method_config(method))
+    prompt = [1, 5, 6, 7, 5, 6, 7, 5]
+    with torch.no_grad():
+        m.generate(prompt, 12, frozenset(), 0)  # warm-up: graphs captured (a capture synchronises)
+    got, gen = count_generation(m, prompt, 12)
+    tree = getattr(m, "uses_controller", True) is False
+    expected = [budget(m, (s.drafted, s.accepted, 0, 0, [], tree, {}), GREEDY) for s in gen.steps]
+    assert got.per_step == expected, f"{method} [{execution}]: {got.per_step} != {expected}; sites {got.top(8)}"

@@ -23,16 +23,23 @@ def test_no_gpu_is_said_plainly_and_the_bench_waits_for_one(tmp_path):
 
 def test_cpu_bench_has_a_row_per_method(tmp_path):
     out = tmp_path / "r.md"
-    doctor.main(["--no-tests", "--device", "cpu", "--model", "tiny-llama", "--tokens", "6", "--out", str(out)])
-    rows = [ln.split("|")[1].strip() for ln in out.read_text().splitlines() if ln.startswith("| ")]
+    doctor.main(["--no-tests", "--device", "cpu", "--model", "tiny-llama", "--tokens", "6", "--samples", "2",
+                 "--methods", "all", "--out", str(out)])
+    text = out.read_text()
+    rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| ")}
     assert sorted(set(rows) - {"method"}) == sorted(METHODS)
-    assert "failed" not in out.read_text()
+    # every method ran in both modes on its 2 prompts and equalled AR (hf_assisted: eager only)
+    for name, row in rows.items():
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        if name not in ("method", "ar"):
+            assert cells[6] == "2/2" and cells[7] == ("0/0" if name == "hf_assisted" else "2/2"), row
+    assert "AR: eager" in text
 
 
 def test_budget_table_from_counts():
-    rows = doctor.budget_table({"pld-fixed": {"steps": 3, "drafted": [0, 4, 4], "d2h": [1, 1, 1], "h2d": [1, 1, 1],
-                                              "budget": [1, 5, 5], "in_layer": 0}})
-    assert rows[-1] == "| pld-fixed | 3 | 0-4 (mean 2.7) | 1 | 1-5 (mean 3.7) | 1 | 0 |"
+    rows = doctor.budget_table({"pld-fixed [graphs]": {"steps": 3, "drafted": [0, 4, 4], "syncs": [1, 1, 1],
+                                                       "h2d_queued": [1, 1, 1], "budget": [1, 5, 5], "in_layer": 0}})
+    assert rows[-1] == "| pld-fixed [graphs] | 3 | 0-4 (mean 2.7) | 1 | 1-5 (mean 3.7) | 1 | 0 |"
 
 
 def test_bad_device_is_one_line_and_writes_nothing(tmp_path):

@@ -46,6 +46,18 @@ class KVCache:
         self.lengths[layer_idx] = n + new
         return buf_k[..., : n + new, :], buf_v[..., : n + new, :]
 
+    def copy_prefix(self, src: "KVCache", n: int) -> "KVCache":
+        """This (empty) cache holding the first n entries of every layer of `src`, copied."""
+        for i in range(src.num_layers):
+            if src.keys[i] is not None:
+                self.write_rows(i, src.keys[i][..., :n, :], src.values[i][..., :n, :])
+        return self
+
+    def write_rows(self, i: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Layer i's entries from position 0 set to these (outside a forward)."""
+        self.lengths[i] = 0
+        self.update(key, value, i)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.lengths[layer_idx]
 
@@ -123,6 +135,16 @@ class StaticKVCache(KVCache):
         self.keys[i] = key.new_zeros((*key.shape[:-2], self.capacity, key.shape[-1]))
         self.values[i] = value.new_zeros((*value.shape[:-2], self.capacity, value.shape[-1]))
         self.allocations += 1
+
+    def write_rows(self, i: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        n = key.shape[-2]
+        if n > self.capacity:
+            self.grow(n)
+        if self.keys[i] is None:
+            self._allocate(i, key, value)
+        self.keys[i][..., :n, :] = key
+        self.values[i][..., :n, :] = value
+        self.lengths[i] = n
 
     def grow(self, capacity: int) -> None:
         """Larger buffers with the same contents (a sequence longer than the run was sized for);

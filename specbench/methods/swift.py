@@ -74,12 +74,9 @@ def dynamic_tree(ranked: list[list[int]], confs: list[float], greedy: bool) -> t
 
 def prompt_snapshot(target, cache, n: int):
     """A cache holding the first n entries of every layer of `cache` (the authors' clone of the
-    prefilled cache), written through the cache's own `update`: a copy, on each layer's device."""
-    snap = target.new_cache()
-    for i in range(cache.num_layers):
-        if cache.keys[i] is not None:
-            snap.update(cache.keys[i][..., :n, :], cache.values[i][..., :n, :], i)
-    return snap
+    prefilled cache): a copy, on each layer's device, in a cache of its own (under execution=graphs
+    the run's static one for this role, not the target's)."""
+    return target.new_cache(role="prompt snapshot").copy_prefix(cache, n)
 
 
 @register_method
