@@ -67,6 +67,10 @@ def model_identity(config: dict, name: str) -> dict:
     and its weights' identity (hash, hub commit). Runs whose identities differ are never pooled."""
     out = {"model.name": name}
     out |= {k: v for k, v in config.items() if k.startswith("model.") or (k.startswith(WEIGHTS) and not _is_neutral(k))}
+    # eager execution is what every run before model.execution existed did; a graph width matters in graphs only
+    if out.get("model.execution", "eager") == "eager":
+        out.pop("model.execution", None)
+        out.pop("model.graph_max_width", None)
     return out
 
 
