@@ -159,6 +159,9 @@ def tiny_llama_config(cfg):
     )
 
 
+HOW_IT_RUNS = ("backend", "execution", "graph_max_width")
+
+
 def load_tiny(cfg) -> ModelAdapter:
     from transformers import LlamaForCausalLM
 
@@ -168,8 +171,8 @@ def load_tiny(cfg) -> ModelAdapter:
     device = _device(cfg.get("device", "cpu"))
     model.to(device=device, dtype=_dtype(cfg.get("dtype", "float64"), device))
     adapter = ModelAdapter(model, ByteTokenizer(), "tiny-llama")
-    # the backend is how the kernels run, not which model: trained parts are shared across backends
-    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys()) if k != "backend"}, sort_keys=True, default=str)
+    # the backend and the execution mode are how the model runs, not which model: trained parts are shared
+    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys()) if k not in HOW_IT_RUNS}, sort_keys=True, default=str)
     adapter.key = "tiny-" + hashlib.sha1(desc.encode()).hexdigest()[:12]
     return adapter
 
