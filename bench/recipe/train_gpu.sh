@@ -5,11 +5,11 @@
 # tokens: 6000 generated + 1400 original sequences (10% held out), 1000 optimiser steps of 32, lr 1e-3, cosine.
 # EAGLE-3 first, then EAGLE-2 on the same data and the same cached features (a subset of its taps). Hydra++ is not
 # here: its four heads carry their own 49k-row LM heads (a 260 MB float16 artifact, too large to ship).
-#   DEV=cuda bash results/bench/eagle3/train_gpu.sh            # what was run (MODEL=the GGUF's path if not installed)
+#   DEV=cuda bash bench/recipe/train_gpu.sh         # what was run (MODEL=the GGUF's path if not installed)
 # Each trainer's train.max_minutes is only a safety cap for the lent machine's time: a capped run says so in its
 # artifact's settings ("stopped_by"). Publish with PUBLISH=1 (float16 + sha256 + this command, specbench/publish.py).
 set -u
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}
 DATA="model=smollm2-135m model.backend=eager model.device=$DEV train.data.num_prompts=6000 train.data.num_original=1400

@@ -5,7 +5,7 @@
 # The checkpoint's cache path depends on the draft's structure only: this run replaces train.sh's draft in the
 # cache (the published one is untouched); copy it aside first if you want both.
 set -u
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-/work/shared/data} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1
 taskset -c ${CORE:-0} python -m specbench.train method=eagle3 method.ttt_steps=5 model=smollm2-135m model.backend=eager \
  threads=1 train.data.num_prompts=96 train.data.max_new_tokens=160 train.data.num_original=600 train.max_sequences=800 \
