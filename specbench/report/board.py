@@ -261,7 +261,9 @@ def page(spec: Spec, cells: list[Cell]) -> str:
         "A stale cell's old run dir is kept aside by `make leaderboard-cell ... ARGS=overwrite=true` (`<row>.old-<time>`):",
         "delete it before committing. A run made by other means (the same settings) is filed with",
         "`python -m specbench.report.board add RUN_DIR ROW`. Only config.json and summary.json are committed",
-        "(.gitignore); the samples stay on the machine that measured them.", "",
+        "(.gitignore); the samples stay on the machine that measured them. The stale check compares the keys a run",
+        "recorded; a key added since (e.g. REST's `cut`, Lookahead's `full_match_bonus`) cannot be judged: when a new",
+        "key changes what a method does, re-measure its cells.", "",
         section(spec, cells), ""])
 
 
