@@ -5,7 +5,7 @@ export SPECBENCH_DATA_DIR ?= $(abspath $(CURDIR)/../shared/data)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup run test test-vllm bench clean gpu-check vllm-env
+.PHONY: setup run test test-vllm bench clean gpu-check vllm-env leaderboard leaderboard-cell
 
 setup:
 	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (2.13.0 is the CPU build here)
@@ -25,6 +25,18 @@ RUN_DIR = results/runs/smollm2-135m/gsm8k/eesd-cali_ts
 run: setup
 	$(PY) -m specbench method=eesd task=gsm8k task.num_samples=3 max_new_tokens=128 run_dir=$(RUN_DIR)
 	@$(PY) -m specbench.report $(RUN_DIR) | tail -1
+
+# the project's leaderboard, from the stored runs of results/leaderboard: its tables (results/leaderboard/README.md and
+# the README's leaderboard section), then the report of the same runs (results/report)
+leaderboard:
+	$(PY) -m specbench.report.board
+	$(PY) -m specbench.report results/leaderboard --out results/report
+
+# measure one leaderboard cell (rows: results/leaderboard/leaderboard.yaml), e.g. make leaderboard-cell ROW=suffix TASK=gsm8k;
+# ARGS: more overrides (overwrite=true re-measures a stale cell). Pin it on a shared machine: taskset -c 1 make ...
+leaderboard-cell:
+	@test -n "$(ROW)" -a -n "$(TASK)" || { echo "specbench: error: give ROW=<row> TASK=<task> (rows: results/leaderboard/leaderboard.yaml)" >&2; exit 2; }
+	$(PY) -m specbench.report.board cell $(ROW) $(TASK) $(ARGS)
 
 # vLLM's own environment (.venv-vllm) for `engine=vllm` (docs/vllm.md): its pins conflict with the project's
 vllm-env:
