@@ -12,9 +12,11 @@ import json
 import shutil
 import os
 import secrets
+import site
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -350,15 +352,31 @@ def test_a_sandbox_that_cannot_start_python_stops_the_run(isolated, monkeypatch)
         HumanEval({}).score(s, ["```python\ndef add(a, b):\n    return a + b\n```"])
 
 
+def nested_venv(where: Path) -> Path:
+    """A venv at `where` that imports what this interpreter imports, wherever this one lives.
+
+    `python -m venv` run from a venv builds on the *base* interpreter, so `--system-site-packages`
+    shows the base's packages, not this venv's (a user's fresh venv: no omegaconf there, the
+    harness died on import and printed nothing). A .pth line adds this interpreter's own site
+    directories (their .pth files, editable installs included, processed as at home)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(where)], check=True)
+    site_dir = Path(sysconfig.get_path("purelib", vars={"base": str(where), "platbase": str(where)}))
+    outer = dict.fromkeys(site.getsitepackages() + [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (site_dir / "specbench_outer.pth").write_text(f"import site; list(map(site.addsitedir, {list(outer)!r}))\n")
+    return where
+
+
 def test_a_venv_under_tmp_is_visible_inside(isolated, tmp_path_factory):
     venv = Path(tempfile.mkdtemp(prefix="specbench-venv-", dir="/tmp"))
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+        nested_venv(venv)
         harness = HARNESS.replace("isolate=isolate)", "isolate=isolate)\nimport sys; assert sys.prefix.startswith('/tmp')")
         proc = subprocess.run([str(venv / "bin" / "python"), "-c", harness, "true"], input="assert 1 + 1 == 2\n",
                               capture_output=True, text=True, timeout=120, cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
-        result = json.loads(proc.stdout.splitlines()[0])
+        lines = proc.stdout.splitlines()
+        assert lines, proc.stderr[-2000:]  # the harness died before its report (an import, say)
+        result = json.loads(lines[0])
         assert (result["passed"], result["status"]) == (True, "passed"), proc.stdout + proc.stderr
     finally:
         shutil.rmtree(venv)
