@@ -24,10 +24,19 @@ def data_dir() -> Path:
     return FIXTURES
 
 
+@pytest.fixture(scope="session")
+def _kernels(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache)."""
-    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+def _private_cache(tmp_path_factory, monkeypatch, _kernels):
+    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache), but for the
+    compiled C kernels: ggml.build keys them by source, compiler, flags and CPU and writes them atomically,
+    so sharing them changes no result and spares a ~5 s compile in each test that builds its own flags."""
+    cache = tmp_path_factory.mktemp("cache")
+    (cache / "kernels").symlink_to(_kernels, target_is_directory=True)
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))
 
 
 # a transformers deprecation that specbench's own code sets off fails the test (tests/warnguard.py)
