@@ -48,6 +48,7 @@ def test_transformers_internals_called_from_a_test_pass():
         assert any(issubclass(w.category, FutureWarning) for w in caught)  # it did warn: the guard let it by
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): a pytest process, ~8 s of CPU
 @needs_rename
 def test_the_guard_fails_the_test(tmp_path):
     """End to end: a test that sets one off fails, naming our line."""
