@@ -49,7 +49,7 @@ OLDEST_TESTS = tests/test_engine.py tests/test_decode_loop.py tests/test_every_m
 	tests/test_attention.py tests/test_hf_draft.py tests/test_quiet_output.py tests/test_warnguard.py
 test-oldest:
 	@PY=$(PY) sh tools/oldest_env.sh .venv-oldest
-	.venv-oldest/bin/python -m pytest $(OLDEST_TESTS) -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	.venv-oldest/bin/python -m pytest $(OLDEST_TESTS) $(XDIST) $(PYTEST_ARGS)
 
 # the real vLLM run alone, required: without .venv-vllm it fails instead of skipping (CI: .ci/run)
 VLLM_REAL = tests/test_vllm.py::test_real_vllm_ar_and_ngram_at_batch_1_and_2
