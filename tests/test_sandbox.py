@@ -260,7 +260,7 @@ def test_no_token_to_steal_even_unisolated(name, no_bwrap):
 def check_not_forged(t, name):
     s = Sample(id="T/1", turns=["x"], reference=ADD)
     assert t.score(s, [f"```python\n{FORGERIES[name]}\n```"]) == {"pass@1": 0.0}
-    assert t.score(s, [f"```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
+    assert t.score(s, ["```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
 
 
 def test_signalling_the_parent_leaves_the_harness_standing(isolated):
@@ -381,7 +381,9 @@ def test_a_venv_under_tmp_is_visible_inside(isolated, kind):
         proc = subprocess.run([str(venv / "bin" / "python"), "-c", harness, "true"], input=code,
                               capture_output=True, text=True, timeout=120, cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
-        result = json.loads(proc.stdout.splitlines()[0])
+        lines = proc.stdout.splitlines()
+        assert lines, proc.stderr[-2000:]  # the harness died before its report (an import, say)
+        result = json.loads(lines[0])
         assert (result["passed"], result["status"]) == (True, "passed"), proc.stdout + proc.stderr
     finally:
         shutil.rmtree(root)

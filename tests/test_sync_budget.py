@@ -133,6 +133,7 @@ def where(events) -> dict:
     return dict(Counter(f"{e.kind} {e.what} {e.where}" for e in events))
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): ~95 s of CPU (every op through the fake device)
 @pytest.mark.parametrize("execution", ["eager", "graphs"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("method, controller, overrides", CASES, ids=[case_name(*c, GREEDY) for c in CASES])
