@@ -54,20 +54,28 @@ class DeviceTree:
     real: torch.Tensor  # [n + 1] bool: not padding (the root is real)
     levels: int  # a bound on the depth (host-known): how far the device walk goes
 
+    def with_tokens(self, tokens: torch.Tensor) -> "DeviceTree":
+        """The same shape with other candidate tokens (a static tree's template, filled per step)."""
+        return DeviceTree(tokens, self.parents, self.depths, self.mask, self.real, self.levels)
+
     @classmethod
     def of(cls, tree: TokenTree, tokens: torch.Tensor, pad: int = 0, levels: int | None = None) -> "DeviceTree":
         """A host tree's shape (uploaded) with device tokens [n] for nodes 1..n, and `pad` padding nodes;
         `levels`: the depth bound (default the tree's depth; a grown tree's bound may be deeper)."""
         n, dev = len(tree.paths) - 1, tokens.device
-        idx = torch.arange(n + 1, n + 1 + pad)
-        parents = torch.cat([torch.tensor([0] + tree.parents[1:]), idx])
-        mask = torch.zeros(n + 1 + pad, n + 1 + pad, dtype=torch.bool)
-        mask[: n + 1, : n + 1] = tree.mask
-        mask[idx, idx] = True
-        depths = torch.cat([tree.depths, torch.zeros(pad, dtype=torch.long)])
+        parents = [0] + tree.parents[1:] + list(range(n + 1, n + 1 + pad))
+        mask = torch.eye(n + 1 + pad, dtype=torch.bool)  # built from the host's parents (tree.mask may be on the device)
+        for i in range(1, n + 1):
+            j = parents[i]
+            while True:
+                mask[i, j] = True
+                if j == 0:
+                    break
+                j = parents[j]
+        depths = torch.tensor([len(p) for p in tree.paths] + [0] * pad)
         real = torch.arange(n + 1 + pad) <= n
         pads = torch.zeros(pad, dtype=torch.long, device=dev)
-        return cls(torch.cat([tokens, pads]), upload(parents, dev), upload(depths, dev), upload(mask, dev), upload(real, dev),
+        return cls(torch.cat([tokens, pads]), upload(parents, dev, torch.long), upload(depths, dev), upload(mask, dev), upload(real, dev),
                    tree.max_depth if levels is None else levels)
 
 
