@@ -184,6 +184,7 @@ def test_write_report():
             json.dump(_REPORT, f, indent=1, sort_keys=True)
 
 
+@pytest.mark.ci  # with the budget test: ~100 s of CPU through the fake device
 @pytest.mark.parametrize("execution", ["eager", "graphs"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "hydra"])
 def test_device_trees_read_once_per_step_under_greedy(method, execution):
