@@ -19,7 +19,7 @@ import random
 import torch
 from tqdm import tqdm
 
-from specbench.artifacts import checkpoint_path, save_checkpoint
+from specbench.artifacts import find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
@@ -57,7 +57,8 @@ def eesd_parts(cfg, target):
     parts = checkpoint_part("the EESD exit layer", "eesd", lambda m: structure)(cfg, target)
     control = cfg.get("control") or {}
     if parts and control.get("name") == "cali_ts" and control.get("predictor") in (None, "auto"):
-        parts.append(Part("the Cali-TS predictor", checkpoint_path("cali", target.key, structure), "eesd", train_minutes, "eesd"))
+        # a published predictor counts as present, as the exit layer does (checkpoint_part)
+        parts.append(Part("the Cali-TS predictor", find_checkpoint("cali", target.key, structure), "eesd", train_minutes, "eesd"))
     return parts
 
 
