@@ -140,3 +140,21 @@ def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_not
     assert sorted(p.path for p in parts) == sorted(shipped) and missing_parts(cfg, target) == []
     m = build("eesd", target, cfg.method)
     assert m.info["exit_trained"] and m.info["checkpoint"] == str(shipped[0])
+
+
+SHIPPED_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "eesd": "eesd", "cali": "eesd"}  # kind -> the method loading it
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
+    """A shipped file whose structure is not the method's default (conf/method/*.yaml, the paper's
+    controller) is never found by `checkpoint: auto`: dead weight, and `make run` would train."""
+    import types
+
+    from specbench.config import compose
+    from specbench.train.session import FIRST_USE as every  # imports every trainer module: the registry is whole
+
+    kind = path.parent.name
+    cfg = compose([f"method={SHIPPED_METHODS[kind]}"])
+    target = types.SimpleNamespace(key=path.parent.parent.name)
+    assert path in [p.path for p in every[cfg.method.name](cfg, target)]
