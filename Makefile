@@ -19,8 +19,8 @@ setup:
 	@# bubblewrap (the tests' sandbox) and a C compiler (model.backend=ggml): apt-get as root, else one line
 	@sh tools/system_deps.sh
 
-# the headline: EESD (paper default: Cali-TS) vs AR on the embedded model; the first run trains
-# the early-exit layer + Cali-TS predictor once (train.first_use budget) and caches them
+# the headline: EESD (paper default: Cali-TS) vs AR on the embedded model, with the published exit layer +
+# Cali-TS predictor (specbench/published_artifacts; a missing one is trained once on first use)
 RUN_DIR = results/runs/smollm2-135m/gsm8k/eesd-cali_ts
 run: setup
 	$(PY) -m specbench method=eesd task=gsm8k task.num_samples=3 max_new_tokens=128 run_dir=$(RUN_DIR)

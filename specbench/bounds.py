@@ -199,7 +199,8 @@ def _heads(m, lim: Limits) -> list[int]:
             _rank(m, lim)
     else:  # hydra: head k's first block reads k + 2 vectors (the feature and the path's embeddings)
         layers = m("num_layers") if _int(m("num_layers")) else HYDRA_LAYERS
-        params = sum(2 * d * d * (k + 2) + (layers - 1) * (d * d + d) + V * d + V for k in range(n))
+        proj = 0 if m("share_head") else V * d + V
+        params = sum(2 * d * d * (k + 2) + (layers - 1) * (d * d + d) + proj for k in range(n))
         key, v = ("method.num_layers", layers) if layers > n else ("method.num_heads", n)
         _memory(key, v, params, f"{n} heads of {layers} blocks", lim)
     if (w := _tree(m, "tree", lim)) is not None:

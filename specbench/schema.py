@@ -203,7 +203,7 @@ METHODS = {
                "heads_lr_ratio": POS(), "lr": POS(null=True), "lambda0_schedule": CHOICE("sine", "linear", "constant"),
                "warmup_epochs": INT(0), "warmup": CHOICE("heads", "backbone"), "backbone": CHOICE("lora", "full"),
                "lora_r": INT(1), "lora_alpha": POS(), "lora_dropout": NUM(0, 1, hi_open=True)} | _TRAINABLE | _DRAFT_VOCAB,
-    "hydra": {"name": STR(), "variant": CHOICE("hydra_pp", "hydra"), "num_heads": INT(1), "num_layers": INT(1, null=True),
+    "hydra": {"name": STR(), "variant": CHOICE("hydra_pp", "hydra"), "num_heads": INT(1), "share_head": BOOL(), "num_layers": INT(1, null=True),
               "tree": ANY, "dropout": NUM(0, 1, hi_open=True)} | _TRAINABLE,
     "pld": {"name": STR(), "max_ngram": INT(1), "min_ngram": INT(1)},
     "token_recycling": {"name": STR(), "topk": INT(1), "tree": STR(), "max_nodes": INT(1, null=True),

@@ -245,6 +245,21 @@ def acceptance_lines(s: dict) -> list[str]:
     return lines
 
 
+def step_line(terms: dict, acc: dict | None) -> str | None:
+    """Why a drafter wins or loses, per verify step, in AR steps (AR's time per token): what its
+    drafts cost (how many, at what each: the draft head's cost), what the one verify forward over
+    them costs (its width), and the tokens it commits (tau). It wins when draft + verify < tau."""
+    if not acc or not acc.get("tau") or not acc.get("steps") or "draft" not in terms or "verify" not in terms:
+        return None
+    tau, drafted = acc["tau"], acc["draft_tokens"] / acc["steps"]
+    draft, verify = terms["draft"] * tau, terms["verify"] * tau
+    each = f" at {draft / drafted:.2f} each" if drafted else ""
+    verdict = "<" if draft + verify < tau else ">="
+    return (f"per verify step, in AR steps: {drafted:.2f} draft tokens{each} = {draft:.2f}, one verify forward over "
+            f"{drafted + 1:.2f} rows = {verify:.2f}; it commits tau {tau:.2f} tokens (draft + verify {draft + verify:.2f} "
+            f"{verdict} tau {tau:.2f})")
+
+
 SYSTEM_COLUMNS = ["", "tokens", Column("wall s", spec=".2f"), Column("tok/s", spec=".2f"), Column("quality", align="<")]
 CATEGORY_COLUMNS = ["category", "samples", Column("speedup", align="<"), Column("tau", align="<")]  # labelled cells, no header
 
@@ -280,6 +295,8 @@ def print_summary(s: dict, meta: dict) -> str:
         if terms:
             parts = " + ".join(f"{k} {v:.2f}" for k, v in terms.items() if k != "total")
             lines.append(f"time per token in AR's time per token: {parts} = {terms['total']:.2f} (AR: 1.00)")
+            why = step_line(terms, s.get("acceptance"))
+            lines += [why] if why else []
         share = m["time_share"]
         lines.append(
             "time share (method): " + ("  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()) or "n/a (timing=coarse: wall clock only)")

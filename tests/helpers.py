@@ -90,6 +90,8 @@ def method_cfg(name: str = "vanilla_sd", **kw):
         cfg.update(max_ngram=3, min_ngram=1)
     if name == "lookahead":
         cfg.update(full_match_bonus=False)  # conf/method/lookahead.yaml: lade's accept rule
+    if name == "hydra":
+        cfg.update(share_head=True)  # conf/method/hydra.yaml: the target's head
     cfg.update(kw)
     return OmegaConf.create(cfg)
 

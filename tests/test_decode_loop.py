@@ -86,3 +86,17 @@ def test_cost_terms_add_up_to_the_inverse_speedup():
     assert sum(v for k, v in t.items() if k != "total") == pytest.approx(t["total"])
     assert list(t) == ["prefill", "draft", "verify", "other", "total"]
     assert cost_terms({"wall": 3.0}, 10, 0.1) is None  # timing=coarse: nothing to split
+
+
+def test_the_step_line_says_what_a_verify_step_costs_and_commits():
+    """issue 44: the summary says why a drafter loses, per step: the drafts' cost (count x each),
+    the verify forward's width and cost, and tau, all in AR steps (AR's time per token)."""
+    from specbench.summary import step_line
+
+    terms = {"prefill": 0.1, "draft": 0.3, "verify": 0.9, "other": 0.1, "total": 1.4}
+    acc = {"tau": 2.0, "steps": 10, "draft_tokens": 30}  # 3 drafts a step, 20 tokens
+    line = step_line(terms, acc)
+    assert "3.00 draft tokens at 0.20 each = 0.60" in line and "over 4.00 rows = 1.80" in line
+    assert "tau 2.00 tokens (draft + verify 2.40 >= tau 2.00)" in line
+    assert "< tau" in step_line(terms | {"verify": 0.5}, acc)
+    assert step_line({"verify": 1.0}, acc) is None and step_line(terms, None) is None

@@ -104,3 +104,20 @@ def test_the_prefill_runs_past_layer_n_only_when_the_final_state_is_read(cali):
     target.run_layers = lambda h, cache, start=0, end=None, **kw: ends.append(end) or real(h, cache, start, end, **kw)
     store_for(target, tiny_sequences(2, length=10), cali, "float32")
     assert ends and (None in ends) == cali and all(e is None or e <= N for e in ends)
+
+
+def test_eesd_loss_on_labelled_rows_equals_the_loss_over_every_row():
+    """The trainer runs the head only where a label is (the answer): the same loss and agreement as
+    the whole batch's logits, padding and prompt rows included, gave; a row picked out of place shows."""
+    from specbench.train.loop import ce_loss
+
+    target, exit_ = target_and_exit()
+    seqs = tiny_sequences(5, length=30)
+    ids, lab = pad_batch(seqs[:4] + [(seqs[4][0][:18], seqs[4][1])], 32, 0, "cpu")
+    with torch.no_grad():
+        h_n = target.run_layers(target.embed(ids), None, 0, N)
+        full, full_agree = ce_loss(exit_(target, h_n, None)[0], lab)
+        got, agree = eesd_loss(target, exit_, ids, lab)
+    assert (lab == -100).any() and float(full) > 0
+    torch.testing.assert_close(got, full, rtol=1e-9, atol=1e-12)
+    assert agree == full_agree and agree[1] == int((lab != -100).sum())

@@ -131,12 +131,12 @@ def test_prefix_cache_after_rollback_equals_fresh_prefill():
 def test_training_lowers_loss_and_checkpoint_reloads(variant, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = tiny_model()
-    cfg = train_cfg({"name": "hydra", "variant": variant, "num_heads": 2, "num_layers": None, "dropout": 0.0},
-                    epochs=4, lr=3e-3)
+    cfg = train_cfg({"name": "hydra", "variant": variant, "num_heads": 2, "num_layers": None, "dropout": 0.0,
+                     "share_head": False}, epochs=4, lr=3e-3)
     res = TRAINERS["hydra"](target, cfg, tiny_sequences(16))
     before, after = res["held_out_loss"]
     assert after < before
-    m = build("hydra", target, method_cfg("hydra", variant=variant, num_heads=2, tree=[[0], [1], [0, 0]]))
+    m = build("hydra", target, method_cfg("hydra", variant=variant, num_heads=2, share_head=False, tree=[[0], [1], [0, 0]]))
     assert m.info["heads_trained"]
     prompt = tiny_sequences(1, seed=5)[0][0][:12]
     g = m.generate(prompt, 20, frozenset(), 0)
@@ -264,3 +264,33 @@ def test_heads_layout_is_the_authors():
     assert {"hydra_mlp.0.1.res_connection.weight", "hydra_mlp.1.3.linear.bias", "hydra_lm_head.1.1.bias",
             "prefix_embeding_layer.norm.weight"} <= names
     assert {"hydra_mlp.0.0.res_connection.weight", "hydra_lm_head.0.weight"} <= set(HydraHeads(target, "hydra", 1, 1).state_dict())
+
+
+def test_shared_head_reads_out_through_the_targets_head_trains_and_saves_no_projection(tmp_path, monkeypatch):
+    """share_head (the default): every head's logits are the target's LM head over its MLP's output,
+    the head stays frozen (bit for bit after training) and out of the checkpoint, and the trained
+    heads reload and decode exactly as AR."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    target = tiny_model()
+    d, V = target.hidden_size, target.vocab_size
+    heads = HydraHeads(target, "hydra_pp", 2, 2, 0.2, share_head=True).eval()
+    assert not any(k.startswith("hydra_lm_head") for k in heads.state_dict())
+    own = sum(p.numel() for p in HydraHeads(target, "hydra_pp", 2, 2, share_head=False).parameters())
+    assert own - sum(p.numel() for p in heads.parameters()) == 2 * (V * d + V)
+    x = torch.randn(3, 3 * d, dtype=target.dtype)
+    assert torch.equal(heads.head(1, x), target.lm_head(heads.hydra_mlp[1](x)))
+    head_before = target.lm_head.weight.detach().clone()
+    cfg = train_cfg({"name": "hydra", "variant": "hydra_pp", "num_heads": 2, "num_layers": None, "dropout": 0.0,
+                     "share_head": True}, epochs=4, lr=3e-3)
+    res = TRAINERS["hydra"](target, cfg, tiny_sequences(16))
+    assert res["held_out_loss"][1] < res["held_out_loss"][0]
+    assert torch.equal(target.lm_head.weight, head_before)
+    from safetensors import safe_open
+    with safe_open(res["hydra"], framework="pt") as f:
+        assert not any(k.startswith("hydra_lm_head") for k in f.keys())
+    m = build("hydra", target, method_cfg("hydra", num_heads=2, share_head=True, tree=[[0], [1], [0, 0]]))
+    assert m.info["heads_trained"] and m.info["share_head"]
+    with pytest.raises(SpecBenchError, match="method.share_head=false"):  # the other structure is not these heads
+        build("hydra", target, method_cfg("hydra", num_heads=2, share_head=False, tree=[[0], [1], [0, 0]]))
+    prompt = tiny_sequences(1, seed=5)[0][0][:12]
+    assert m.generate(prompt, 20, frozenset(), 0).tokens == ar_tokens(target, prompt, 20)

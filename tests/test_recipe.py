@@ -27,7 +27,7 @@ BUDGET = ["train.data.num_prompts=4", "train.data.num_original=3", "train.data.m
           "train.eval_every=3", "train.cali=false", "threads=1"]
 METHODS = {"eesd": [], "eagle": [], "medusa2": ["method=medusa", "method.variant=medusa2", "method.num_heads=2"],
            "space": ["method.lora=true"], "eagle3": ["method=eagle3", "method.ttt_steps=3"],
-           "hydra": ["method=hydra", "method.num_heads=2"]}
+           "hydra": ["method=hydra", "method.num_heads=2", "train.lr=1e-2"]}  # shared head: 7 steps at 1e-3 move no argmax
 
 
 def cfg_for(data_dir, method, *extra):

@@ -4,6 +4,7 @@ load; a published float16 checkpoint is found when the cache holds none (and a l
 wins over it), loads strictly, decodes losslessly; every shipped file matches its recorded sha256."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,43 @@ def test_every_shipped_artifact_matches_its_record(path):
     meta = artifacts.read_checkpoint(path, "-")
     assert path == artifacts.published_path(meta["kind"], meta["model_key"], meta["structure"])
     assert info["command"].startswith("python -m specbench.train ")
+
+
+def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_nothing(tmp_path, monkeypatch, data_dir):
+    """issue 44: `make run` (EESD + Cali-TS) from an empty cache with both parts published trains
+    nothing; the Cali-TS part was looked for in the cache only, so a shipped predictor was retrained
+    (and the exit layer with it)."""
+    from specbench.firstuse import missing_parts
+    from specbench.train.__main__ import train
+    from tests.test_eesd import _cfg
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
+    cfg = _cfg("eesd", ["method.n_layers=2", "control=cali_ts"])
+    out = train(cfg)
+    monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
+    shipped = [publish(Path(out[k]), "python -m specbench.train method=eesd model=tiny-llama") for k in ("eesd", "cali")]
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
+    target = tiny_model()
+    parts = FIRST_USE["eesd"](cfg, target)
+    assert sorted(p.path for p in parts) == sorted(shipped) and missing_parts(cfg, target) == []
+    m = build("eesd", target, cfg.method)
+    assert m.info["exit_trained"] and m.info["checkpoint"] == str(shipped[0])
+
+
+SHIPPED_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "eesd": "eesd", "cali": "eesd"}  # kind -> the method loading it
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
+    """A shipped file whose structure is not the method's default (conf/method/*.yaml, the paper's
+    controller) is never found by `checkpoint: auto`: dead weight, and `make run` would train."""
+    import types
+
+    from specbench.config import compose
+    from specbench.train.session import FIRST_USE as every  # imports every trainer module: the registry is whole
+
+    kind = path.parent.name
+    cfg = compose([f"method={SHIPPED_METHODS[kind]}"])
+    target = types.SimpleNamespace(key=path.parent.parent.name)
+    assert path in [p.path for p in every[cfg.method.name](cfg, target)]

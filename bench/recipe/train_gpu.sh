@@ -3,9 +3,11 @@
 # train.sh (self-distilled answers to GSM8K *train* prompts x3 templates + original train answers, the target's
 # greedy labels, its features from one cached prefill), 37x train.sh's sequences and ~67x its optimiser-step
 # tokens: 6000 generated + 1400 original sequences (10% held out), 1000 optimiser steps of 32, lr 1e-3, cosine.
-# EAGLE-3 first, then EAGLE-2 on the same data and the same cached features (a subset of its taps). Hydra++ is not
-# here: its four heads carry their own 49k-row LM heads (a 260 MB float16 artifact, too large to ship).
-#   DEV=cuda bash bench/recipe/train_gpu.sh         # what was run (MODEL=the GGUF's path if not installed)
+# EAGLE-3 first, then EAGLE-2 on the same data and the same cached features (a subset of its taps); then (issue 44,
+# NOT YET RUN on a GPU: the steps after EAGLE-2 are unverified) EESD's exit layer + Cali-TS predictor, Medusa-1 and
+# Hydra++ heads, the last two reading out through the target's LM head (method.share_head: true, their default since
+# issue 44: Medusa ~2.7 MB, Hydra++ ~34 MB float16 with 4 heads; their own 49k-row heads made 230-260 MB).
+#   DEV=cuda bash bench/recipe/train_gpu.sh            # what was run (MODEL=the GGUF's path if not installed)
 # Each trainer's train.max_minutes is only a safety cap for the lent machine's time: a capped run says so in its
 # artifact's settings ("stopped_by"). Publish with PUBLISH=1 (float16 + sha256 + this command, specbench/publish.py).
 set -u
@@ -28,3 +30,8 @@ step() {  # NAME CAP_MINUTES ARGS...: train, then publish at once (a later step 
 }
 step eagle3 ${CAP_EAGLE3:-4} -m specbench.train method=eagle3 method.ttt_steps=5 $DATA
 step eagle ${CAP_EAGLE:-2} -m specbench.train method=eagle $DATA
+step eesd ${CAP_EESD:-3} -m specbench.train method=eesd $DATA && [ "${PUBLISH:-0}" = 1 ] &&
+  $PY -m specbench.publish "$(ls -t "${SPECBENCH_CACHE_DIR:-$HOME/.cache/specbench}"/cali/*.safetensors | head -1)" \
+    --command "python -m specbench.train method=eesd $(echo $DATA)"
+step medusa ${CAP_MEDUSA:-2} -m specbench.train method=medusa $DATA
+step hydra ${CAP_HYDRA:-3} -m specbench.train method=hydra $DATA

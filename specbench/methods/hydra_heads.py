@@ -12,7 +12,9 @@ key for key:
   Hydra++ (`prefix-mlp`) puts a Dropout before each block (Sequential indices 0, 2, ...), so its
   blocks sit at the odd indices;
 - `hydra_lm_head.{k}`: a vocabulary projection with a bias, initialised from the target's head
-  (Hydra++: behind a Dropout, index 1);
+  (Hydra++: behind a Dropout, index 1); with `share_head` (our default, not the authors') there is
+  none: every head projects through the target's own head, frozen and not saved (as EAGLE-2/3
+  read out), behind the same Dropout for Hydra++;
 - `prefix_embeding_layer` (Hydra++ only, the authors' spelling): one decoder layer of the
   target's class plus a final RMSNorm over the target's final-norm hidden states of the whole
   context, causal, with its own KV cache.
@@ -39,7 +41,7 @@ from specbench.models import ModelAdapter
 VARIANTS = ("hydra_pp", "hydra")  # hydra_pp: prefix layer, 4-layer MLPs, teacher distillation | hydra: 1-layer, CE
 DEFAULT_LAYERS = {"hydra_pp": 4, "hydra": 1}
 ARCH = {"hydra_pp": "prefix-mlp", "hydra": "mlp"}  # the authors' hydra_head_arch
-TRAIN_CMD = "python -m specbench.train method=hydra model={model} method.variant={variant}"
+TRAIN_CMD = "python -m specbench.train method=hydra model={model} method.variant={variant} method.share_head={share}"
 RELEASE_FILES = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
 LAYOUT = ("expected the Hydra authors' layout: config.json (hydra_num_heads, hydra_num_layers, hydra_head_arch "
           "mlp|prefix-mlp, grounded_heads true, hidden_state_offset 0) and hydra_lm_head.{safetensors,pt} with "
@@ -79,7 +81,7 @@ class PrefixLayer(nn.Module):
 
 class HydraHeads(nn.Module):
     def __init__(self, target: ModelAdapter, variant: str = "hydra_pp", num_heads: int = 4,
-                 num_layers: int | None = None, dropout: float = 0.0):
+                 num_layers: int | None = None, dropout: float = 0.0, share_head: bool = False):
         super().__init__()
         if variant not in VARIANTS:
             raise choice_error("hydra variant", variant, VARIANTS)
@@ -88,16 +90,20 @@ class HydraHeads(nn.Module):
         d, V = target.hidden_size, target.vocab_size
         self.variant, self.num_heads = variant, int(num_heads)
         self.num_layers = int(num_layers or DEFAULT_LAYERS[variant])
-        self.prefix = variant == "hydra_pp"
+        self.prefix, self.share_head = variant == "hydra_pp", bool(share_head)
         if self.prefix:
             self.prefix_embeding_layer = PrefixLayer(target)
         self.hydra_mlp = nn.ModuleList(self._mlp(d, k, dropout) for k in range(self.num_heads))
-        self.hydra_lm_head = nn.ModuleList(self._projection(d, V, dropout) for _ in range(self.num_heads))
-        with torch.no_grad():
-            for k in range(self.num_heads):
-                self.projection(k).weight.copy_(target.lm_head.weight.float())
-                self.projection(k).bias.zero_()
-        self.__dict__["_target"] = target  # not a submodule: its embedding stays frozen and unsaved
+        if self.share_head:  # a 49k-row projection per head is ~28 M parameters each on a 576-wide model
+            self.hydra_lm_head = None
+            self.shared_dropout = nn.Dropout(dropout if self.prefix else 0.0)
+        else:
+            self.hydra_lm_head = nn.ModuleList(self._projection(d, V, dropout) for _ in range(self.num_heads))
+            with torch.no_grad():
+                for k in range(self.num_heads):
+                    self.projection(k).weight.copy_(target.lm_head.weight.float())
+                    self.projection(k).bias.zero_()
+        self.__dict__["_target"] = target  # not a submodule: its embedding and head stay frozen and unsaved
         self.to(device=target.device, dtype=target.dtype)
 
     def _mlp(self, d: int, k: int, dropout: float) -> nn.Sequential:
@@ -111,9 +117,12 @@ class HydraHeads(nn.Module):
         return nn.Sequential(nn.Dropout(dropout), lin) if self.prefix else lin
 
     def structure(self) -> dict:
-        return {"variant": self.variant, "num_heads": self.num_heads, "num_layers": self.num_layers}
+        return {"variant": self.variant, "num_heads": self.num_heads, "num_layers": self.num_layers,
+                "share_head": self.share_head}
 
     def projection(self, k: int) -> nn.Linear:
+        if self.share_head:
+            return self._target.lm_head
         p = self.hydra_lm_head[k]
         return p[1] if isinstance(p, nn.Sequential) else p
 
@@ -128,6 +137,8 @@ class HydraHeads(nn.Module):
 
     def head(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's logits from its input [..., d (k + 2)]: base feature, then k + 1 path embeddings."""
+        if self.share_head:
+            return self._target.lm_head(self.shared_dropout(self.hydra_mlp[k](x)))
         return self.hydra_lm_head[k](self.hydra_mlp[k](x))
 
 
@@ -160,7 +171,8 @@ def structure_of(cfg) -> dict:
         raise choice_error("hydra variant", variant, VARIANTS)
     layers = cfg.get("num_layers")
     return {"variant": variant, "num_heads": int(cfg.get("num_heads", 4)),
-            "num_layers": int(layers) if layers is not None else DEFAULT_LAYERS[variant]}
+            "num_layers": int(layers) if layers is not None else DEFAULT_LAYERS[variant],
+            "share_head": bool(cfg.share_head)}
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[HydraHeads, dict]:
@@ -169,13 +181,13 @@ def load_heads(target: ModelAdapter, cfg) -> tuple[HydraHeads, dict]:
     if where not in (None, "none", "auto") and Path(str(where)).expanduser().is_dir():
         return load_released(target, Path(str(where)).expanduser())
     s = structure_of(cfg)
-    heads = HydraHeads(target, s["variant"], s["num_heads"], s["num_layers"])
+    heads = HydraHeads(target, s["variant"], s["num_heads"], s["num_layers"], share_head=s["share_head"])
     allow = bool(cfg.get("allow_untrained", False))
     ckpt = load_checkpoint("hydra", target.key, heads.structure(), where, required=where != "auto" and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:
         raise SpecBenchError(f"no trained Hydra heads for model {target.name} ({s}); train them with `"
-                             + TRAIN_CMD.format(model=target.name, variant=s["variant"]) + "` or set method.allow_untrained=true")
+                             + TRAIN_CMD.format(model=target.name, variant=s["variant"], share=str(s["share_head"]).lower()) + "` or set method.allow_untrained=true")
     info = s | {"heads_trained": ckpt is not None, "format": "specbench"}
     return apply_checkpoint(heads, ckpt, target, info), info
 
@@ -217,7 +229,7 @@ def load_released(target: ModelAdapter, path: Path) -> tuple[HydraHeads, dict]:
         if t is not None and shape is not None and tuple(t.shape) != shape:
             raise SpecBenchError(f"{f}: {key!r} has shape {list(t.shape)}, the model needs {list(shape)}; {LAYOUT}")
     heads = HydraHeads(target, variant, n_heads, n_layers)  # sizes from the target, never from the file
-    info = {"variant": variant, "num_heads": n_heads, "num_layers": n_layers, "heads_trained": True,
+    info = {"variant": variant, "num_heads": n_heads, "num_layers": n_layers, "share_head": False, "heads_trained": True,
             "format": "released", "base_model": conf.get("base_model_name_or_path")}
     ckpt = {"state": state, "path": str(f), "settings": {"config": conf}, "fix": LAYOUT}
     return apply_checkpoint(heads, ckpt, target, info), info

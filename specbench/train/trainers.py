@@ -19,7 +19,7 @@ import random
 import torch
 from tqdm import tqdm
 
-from specbench.artifacts import checkpoint_path, save_checkpoint
+from specbench.artifacts import find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
@@ -57,7 +57,8 @@ def eesd_parts(cfg, target):
     parts = checkpoint_part("the EESD exit layer", "eesd", lambda m: structure)(cfg, target)
     control = cfg.get("control") or {}
     if parts and control.get("name") == "cali_ts" and control.get("predictor") in (None, "auto"):
-        parts.append(Part("the Cali-TS predictor", checkpoint_path("cali", target.key, structure), "eesd", train_minutes, "eesd"))
+        # a published predictor counts as present, as the exit layer does (checkpoint_part)
+        parts.append(Part("the Cali-TS predictor", find_checkpoint("cali", target.key, structure), "eesd", train_minutes, "eesd"))
     return parts
 
 
@@ -108,8 +109,11 @@ def eesd_loss(target: ModelAdapter, exit_, ids, labels, store=None):
             h_n = target.run_layers(target.embed(ids), None, 0, exit_.n_layers)
     else:
         h_n = h_n[..., :d]
-    logits, _ = exit_(target, h_n, None)
-    return ce_loss(logits, labels)
+    # the 49k-row head over the labelled positions only (the answer, about half of each sequence):
+    # the head is most of a step's cost, and the other rows' logits were never read
+    keep = labels != -100
+    h = exit_.norm(target.run_layers(h_n, None, layers=[exit_.layer], cache_offset=0))
+    return ce_loss(exit_.logits(h[keep]).unsqueeze(0), labels[keep].unsqueeze(0))
 
 
 @torch.no_grad()
