@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from specbench import settings
+from specbench.artifacts import cache_dir
 from specbench.config import CONF_DIR, check_choices, fail
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
@@ -38,7 +40,6 @@ from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
 from specbench.profiling import profile_forward
 from specbench.runner import environment
-from specbench.artifacts import cache_dir
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -99,7 +100,7 @@ def calibrate(cfg, args) -> tuple[dict, Path]:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     torch.set_grad_enabled(False)
-    target = load_model(cfg.model)
+    target = load_model(settings.of(cfg).model)
     p = cfg.profile
     prof = profile_forward(target, list(p.ks), int(p.context), int(p.reps), float(p.get("tolerance", 0.1)),
                            int(p.get("max_remeasure", 2)))

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench import settings
 from specbench.bounds import check_widths
 from specbench.config import validate
 from specbench.cpuinfo import cpuinfo_field
@@ -178,14 +179,15 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     """One benchmark run. `target`: an already loaded model for cfg.model (benchmarks that run
     several methods load it once)."""
     validate(cfg)
+    run = settings.of(cfg)
     check_mode(str(cfg.get("timing", "fine")))
     check_backend(cfg.model.get("backend"))  # before the run dir is written
     check_run_dir(cfg.get("run_dir"))  # a bad path is refused before the model is loaded (again when opened)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
-    task = build_task(cfg.task)
+    task = build_task(run.task)
     samples = task.load()
-    target = target or load_model(cfg.model)
+    target = target or load_model(run.model)
     size_static_caches(target, samples, int(cfg.max_new_tokens))  # execution=graphs: before any cache exists
     ensure_trained(cfg, target)  # a missing trained part of a small model: train it once, now
     sampling = SamplingConfig.from_cfg(cfg.sampling)
@@ -199,7 +201,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     check_widths(method.verify_widths(), cfg.method.name, target.context_length,
                  int(cfg.profile.context) if cfg.profile.enabled else None)
     # the weights' and trained artifacts' hashes join the fingerprint: a resumption against others is refused
-    provenance = run_provenance(cfg, target, method)
+    provenance = run_provenance(run, target, method)
     # only now, with everything validated, is anything written to disk
     run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)), provenance)
     meta = {

@@ -42,14 +42,15 @@ from pathlib import Path
 
 import torch
 
+from specbench import settings
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
 from specbench.config import check_choices, check_values, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
-from specbench.schema import SEARCH
 from specbench.methods import build_method
 from specbench.methods.self_sd import heuristic_skip, model_key
 from specbench.models import LayerSkip, load_model
+from specbench.schema import SEARCH
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample, read_jsonl
 from specbench.tasks.gsm8k import exemplar_answer, prompt
@@ -243,7 +244,7 @@ def search_skip_set(
 # -- prompts from the GSM8K train split --------------------------------------------------------
 def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tuple[list[list[int]], list[str]]:
     """`num_prompts` random GSM8K train questions (never test items, never the few-shot
-    exemplar), formatted as the gsm8k task formats its test questions."""
+    exemplar), formatted as the gsm8k task formats its test questions; `task_cfg`: gsm8k's settings."""
 
     task = build_task(task_cfg)
     loader = getattr(task, "load_split", None) or getattr(task, "_split", None)
@@ -258,7 +259,7 @@ def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tup
                 f"no GSM8K train split for the skip search at {path or '<task.data_dir>/gsm8k/train.jsonl'}; "
                 "set task.data_dir or SPECBENCH_DATA_DIR to a folder holding gsm8k/train.jsonl"
             )
-    shot = task_cfg.get("fewshot_index", 0)
+    shot = task_cfg.fewshot_index
     few_shot = [] if shot is None else [(prompt(train[int(shot)]["question"]), exemplar_answer(train[int(shot)]["answer"]))]
     pool = [i for i in range(len(train)) if shot is None or i != int(shot)]
     if not 1 <= int(num_prompts) <= len(pool):
@@ -267,7 +268,7 @@ def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tup
     prompts = []
     for i in picked:
         s = Sample(id=f"gsm8k-train-{i}", turns=[prompt(train[i]["question"])], few_shot=few_shot,
-                   system=task_cfg.get("system"))
+                   system=task_cfg.system)
         prompts.append(tokenizer.encode_chat(s.messages([])))
     return prompts, [f"gsm8k-train-{i}" for i in picked]
 
@@ -305,8 +306,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_grad_enabled(False)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
-    target = load_model(cfg.model)
-    prompts, ids = gsm8k_train_prompts(cfg.task, target.tokenizer, opts["num_prompts"], opts["seed"])
+    target = load_model(settings.of(cfg).model)
+    prompts, ids = gsm8k_train_prompts(settings.of(cfg).task, target.tokenizer, opts["num_prompts"], opts["seed"])
     out = opts["out"] or result_path(cfg.method.skip.get("cache_dir"), model_key(target))
     result = search_skip_set(
         target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], k=opts["k"],

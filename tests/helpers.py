@@ -18,27 +18,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from specbench import settings
+from specbench.config import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods import build_method
 from specbench.models import apply_backend, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-
-# conf/model/tiny-llama.yaml
-TINY = {
-    "name": "tiny-llama",
-    "loader": "tiny",
-    "seed": 0,
-    "num_layers": 4,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "init_std": 0.3,
-    "dtype": "float64",
-    "device": "cpu",
-}
 
 GREEDY = SamplingConfig()
 
@@ -47,14 +34,36 @@ GREEDY = SamplingConfig()
 torch.set_num_threads(1)
 
 
+def tiny_settings(**overrides):
+    """conf/model/tiny-llama.yaml's settings with `overrides`."""
+    return settings.shipped("model", "tiny-llama", overrides)
+
+
+def task_settings(name: str, **overrides):
+    """conf/task/<name>.yaml's settings with `overrides`."""
+    return settings.shipped("task", name, overrides)
+
+
 @functools.lru_cache(maxsize=None)
 def _tiny(frozen: str):
-    return load_model(OmegaConf.create(json.loads(frozen)))
+    return load_model(tiny_settings(**json.loads(frozen)))
+
+
+@functools.lru_cache(maxsize=None)
+def _run_settings(argv: tuple):
+    return settings.of(compose(list(argv)))
+
+
+def run_settings(*argv: str):
+    """The whole run's settings for a command line (model=tiny-llama unless given), composed from
+    conf/ as `python -m specbench` composes them (cached: settings are frozen)."""
+    model = () if any(a.startswith("model=") for a in argv) else ("model=tiny-llama",)
+    return _run_settings((*model, *argv))
 
 
 def tiny_model(**overrides):
     """A tiny-llama adapter (cached per config: treat it as read-only)."""
-    return _tiny(json.dumps(TINY | overrides, sort_keys=True))
+    return _tiny(json.dumps(overrides, sort_keys=True))
 
 
 def q4_tiny_model(backend: str):
@@ -72,11 +81,29 @@ def q4_tiny_model(backend: str):
     return target
 
 
-def control(name: str = "fixed", k: int = 4, **kw) -> dict:
-    """A control dict (conf/control/<name>.yaml keys) capped at k."""
-    if name == "fixed":
-        return {"name": "fixed", "k": k, "k_max": k, **kw}
-    return {"name": name, "k_max": k, **kw}
+def control_settings(name: str = "fixed", **overrides):
+    """conf/control/<name>.yaml's settings with `overrides` (fixed: k_max follows k, as composed)."""
+    return settings.shipped("control", name, overrides)
+
+
+def control(name: str = "fixed", k: int = 4, **kw):
+    """conf/control/<name>.yaml's settings capped at k (fixed: K = k)."""
+    return control_settings(name, **({"k": k} if name == "fixed" else {"k_max": k}), **kw)
+
+
+def controller(name: str, seed: int = 0, **overrides):
+    """The controller conf/control/<name>.yaml builds, with `overrides`."""
+    from specbench.control import build_controller
+
+    return build_controller(control_settings(name, **overrides), seed=seed)
+
+
+def controller_args(name: str, **overrides) -> dict:
+    """conf/control/<name>.yaml's keys as a controller class's arguments (seed 0): for a test that
+    hands it what no config holds (a CaliPredictor object)."""
+    args = settings.record(control_settings(name, **overrides))
+    del args["name"]
+    return args | {"seed": 0}
 
 
 def method_cfg(name: str = "vanilla_sd", **kw):
@@ -94,7 +121,7 @@ def method_cfg(name: str = "vanilla_sd", **kw):
     return OmegaConf.create(cfg)
 
 
-def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl: dict | None = None):
+def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl=None):
     cfg = cfg if cfg is not None else method_cfg(name)
     ctx = {"control": ctrl} if ctrl is not None else None
     return build_method(name, target, cfg, sampling, ctx)

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
 from fakecuda import fake_cuda, fake_tiny_llama, on_cuda
-from helpers import build, control, method_cfg
+from helpers import build, control, controller_args, method_cfg
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftInfo
 from specbench.engine.sampling import (
@@ -198,7 +198,7 @@ def test_cali_predictor_on_cuda_with_bf16_hidden_states():
         th = torch.empty(3, 32, device="cuda", dtype=torch.bfloat16)
         p = pred(th, th, torch.tensor([1, 2, 9]))  # positions on the host, as the controller passes them
         assert on_cuda(p) and p.dtype == torch.float32 and p.shape == (3,)
-        ctrl = CaliTS(predictor=pred, k_max=4)
+        ctrl = CaliTS(**controller_args("cali_ts", k_max=4) | {"predictor": pred})
         ctrl.keep_drafting(DraftInfo(2, 0.5, th[0], th[1]))
 
 

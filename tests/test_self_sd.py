@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from helpers import control_settings, tiny_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -32,14 +33,13 @@ def one_thread():
 @functools.lru_cache(maxsize=None)
 def tiny():
     torch.set_grad_enabled(False)
-    return load_model(OmegaConf.create(
-        {"name": "tiny-llama", "loader": "tiny", "init_std": 0.3, "dtype": "float64", "num_layers": NUM_LAYERS}
-    ))
+    return load_model(tiny_settings(num_layers=NUM_LAYERS))
 
 
 def self_sd(skip: dict, control: dict, sampling: SamplingConfig = SamplingConfig()):
     cfg = OmegaConf.create({"name": "self_sd", "skip": skip})
-    return build_method("self_sd", tiny(), cfg, sampling, ctx={"control": control})
+    over = {k: v for k, v in control.items() if k != "name"}
+    return build_method("self_sd", tiny(), cfg, sampling, ctx={"control": control_settings(control["name"], **over)})
 
 
 def ar_tokens(prompt, max_new, seed=0):

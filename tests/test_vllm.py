@@ -255,10 +255,11 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     s = run_vllm(cfg)
     first, second = _specs(fake_worker)
     assert first["batch_sizes"] == [1, 2, 4] and second["batch_sizes"] == [2, 4]  # resumed: only the missing ones
-    tok = load_tokenizer(cfg.model)
+    from specbench.settings import of
     from specbench.tasks import build_task
 
-    assert second["prompts"] == [tok.encode_chat(x.messages([])) for x in build_task(cfg.task).load()]
+    tok = load_tokenizer(of(cfg).model)
+    assert second["prompts"] == [tok.encode_chat(x.messages([])) for x in build_task(of(cfg).task).load()]
     assert second["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     assert second["sampling"]["stop_token_ids"] == sorted(tok.eos_ids) and second["sampling"]["max_tokens"] == 8
     assert second["max_num_seqs"] == 4

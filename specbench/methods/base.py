@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from specbench.control import DEFAULT_CONTROL, DraftInfo, DraftRef, build_controller
+from specbench import settings
+from specbench.control import DraftInfo, DraftRef, build_controller
 from specbench.engine.sampling import SamplingConfig, next_token, probs, sample
 from specbench.engine.timer import PhaseTimer
 from specbench.engine.transfer import take, upload
@@ -166,8 +167,10 @@ class SpeculativeMethod(ARMethod):
         super().__init__(target, cfg, sampling, ctx)
         self.controller = None
         if self.uses_controller:
-            control_cfg = (ctx or {}).get("control") or cfg.get("control") or DEFAULT_CONTROL
-            self.controller = build_controller(control_cfg, seed=int(cfg.get("seed", 0)), draft=self.draft_ref())
+            control_cfg = (ctx or {}).get("control") or settings.shipped("control", "fixed")
+            control = control_cfg if hasattr(control_cfg, "_source") else settings.group("control", control_cfg)
+            # the seed is the generation's (start() resets the controller with it) before any draw
+            self.controller = build_controller(control, seed=0, draft=self.draft_ref())
         self.verifier = Verifier(self.acceptance, float(cfg.get("epsilon", 0.09)), float(cfg.get("delta", 0.3)))
         self.lossless = self.verifier.lossless(sampling)
         self.target_hidden: torch.Tensor | None = None

@@ -14,6 +14,7 @@ from specbench.artifacts import load_draft_checkpoint, trained_summary
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter, load_hf, truncated_copy
+from specbench.settings import shipped
 
 
 def draft_num_layers(cfg, target: ModelAdapter) -> int:
@@ -36,8 +37,8 @@ def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
                 info.update(draft_trained=True, draft_checkpoint=loaded["path"], trained=trained_summary(loaded.get("settings")))
         return draft, info
     if source == "hf":
-
-        draft = load_hf(cfg)
+        # a Hugging Face model's settings as conf/model/hf.yaml ships them, with the draft's id, dtype and device
+        draft = load_hf(shipped("model", "hf", {"id": cfg.id, "dtype": cfg.dtype, "device": cfg.device}))
         draft.follow_execution(target)
         if draft.tokenizer.vocab != target.tokenizer.vocab:
             raise SpecBenchError(

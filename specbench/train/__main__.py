@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from specbench import settings
 from specbench.config import check_choices, compose, fail, validate
 from specbench.errors import SpecBenchError, choice_error
 from specbench.help import train_help, wants_help
@@ -39,7 +40,7 @@ def train(cfg) -> dict:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     torch.set_grad_enabled(False)
-    return train_model(cfg, load_model(cfg.model))
+    return train_model(cfg, load_model(settings.of(cfg).model))
 
 
 if __name__ == "__main__":

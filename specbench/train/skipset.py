@@ -4,18 +4,16 @@ the other trained parts, so that first use finds it (specbench/train/parts.py)."
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
 from specbench.artifacts import skip_result_path
-from specbench.config import CONF_DIR
 from specbench.methods.self_sd import model_key
+from specbench.settings import shipped
 from specbench.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
 from specbench.train.parts import Part, first_use
 
 
 def search(cfg, target, path) -> None:
     s = cfg.train.first_use.skip_search
-    task = OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / "gsm8k.yaml"), {"data_dir": cfg.task.get("data_dir")})
+    task = shipped("task", "gsm8k", {"data_dir": cfg.task.data_dir})
     prompts, ids = gsm8k_train_prompts(task, target.tokenizer, int(s.num_prompts), int(cfg.seed))
     # an interrupted first-use search resumes from its finished trials next time
     result = search_skip_set(target, prompts, iterations=int(s.iterations), max_new_tokens=int(s.max_new_tokens),

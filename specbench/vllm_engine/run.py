@@ -23,6 +23,7 @@ from specbench.config import validate
 from specbench.errors import SpecBenchError
 from specbench.provenance import model_provenance, path_digest
 from specbench.rundir import RunDir, check_run_dir
+from specbench.settings import of as run_settings
 from specbench.tasks import build_task
 from specbench.vllm_engine import settings
 from specbench.vllm_engine.convert import load_tokenizer, model_for_vllm
@@ -91,8 +92,8 @@ def worker_env(python: Path, kv_cache_gib: float) -> dict:
 
 def prompts_of(cfg: DictConfig):
     """The task's samples and their first turns as token ids (the native engine's tokenizer and template)."""
-    samples = build_task(cfg.task).load()
-    tok = load_tokenizer(cfg.model)
+    samples = build_task(run_settings(cfg).task).load()
+    tok = load_tokenizer(run_settings(cfg).model)
     prompts = [tok.encode_chat(s.messages([])) for s in samples]
     limit = int(cfg.engine.max_model_len)
     for s, p in zip(samples, prompts):
@@ -102,7 +103,7 @@ def prompts_of(cfg: DictConfig):
 
 
 def provenance_of(cfg: DictConfig) -> dict:
-    out = {"model": model_provenance(cfg.model, None), "artifacts": {}}
+    out = {"model": model_provenance(run_settings(cfg).model, None), "artifacts": {}}
     drafter = cfg.method.get("model")
     if drafter and Path(str(drafter)).expanduser().exists():
         out["artifacts"]["model"] = path_digest(drafter)
@@ -176,7 +177,7 @@ def run_vllm(cfg: DictConfig) -> dict:
     samples, prompts, tok = prompts_of(cfg)
     ids = [s.id for s in samples]
     provenance = provenance_of(cfg)
-    model = model_for_vllm(cfg.model, provenance["model"])  # the converted model lives in the cache, not the run dir
+    model = model_for_vllm(run_settings(cfg).model, provenance["model"])  # the converted model lives in the cache, not the run dir
     plain = OmegaConf.to_container(cfg, resolve=True)
     meta = {"engine": "vllm", "method": cfg.method.name, "task": cfg.task.name, "model": cfg.model.name, "vllm_model": model,
             "speculative_config": settings.speculative_config(plain["method"]), "sampling": plain["sampling"],
@@ -194,7 +195,7 @@ def run_vllm(cfg: DictConfig) -> dict:
         if todo:
             spec = settings.worker_spec(plain, model, prompts, ids, todo, tok.eos_ids, int(cfg.max_new_tokens), "")
             spec["kv_cache_gib"] = float(cfg.engine.kv_cache_gib)
-            task = build_task(cfg.task)
+            task = build_task(run_settings(cfg).task)
             print(f"vllm: {cfg.method.name} and AR, {len(prompts)} prompts, batch sizes {todo} (worker log: {run_dir.path / 'worker.log'})")
             on_record = lambda rec: run_dir.append(batch_record(rec, batches.index(rec["batch_size"]), samples, ids, task, tok))  # noqa: E731
             meta["worker"] = run_worker(python, spec, run_dir.path / "worker.log", float(cfg.engine.timeout_s), on_record)
