@@ -282,7 +282,7 @@ TRAIN = _TRAIN | {
     "first_use.train": Key("table", table=_TRAIN),  # merged over train.* (a subset of its keys)
     **{f"first_use.skip_search.{k}": v for k, v in SKIP_SEARCH.items() if k != "seed"},
 }
-# python -m specbench.skipsearch's own keys (their defaults: skipsearch.SEARCH_KEYS)
+# python -m specbench.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
 SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
 
 # ------------------------------------------------------------------------------ engine (by name), vLLM's methods

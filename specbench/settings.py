@@ -146,13 +146,8 @@ def shipped(kind: str, name: str, *overrides: Mapping):
 def expect(s, what: str) -> None:
     """Parts take settings objects, not config nodes (a DictConfig would read any key it lacks
     through interpolation or a default elsewhere): a TypeError naming the part otherwise."""
-    if not hasattr(s, SOURCE) or not dataclasses.is_dataclass(s):
+    if not dataclasses.is_dataclass(s) or type(s).__module__ != __name__:
         raise TypeError(f"{what} takes settings (specbench.settings.group / of), not {type(s).__name__}")
-
-
-def search(values: Mapping):
-    """`python -m specbench.skipsearch`'s own keys (schema.SEARCH)."""
-    return build(settings_class("Search", schema.SEARCH, "search"), values)
 
 
 def _run_class() -> type:
@@ -181,8 +176,16 @@ def of(cfg) -> Any:
 
 
 def record(s) -> dict:
-    """The resolved node `s` was built from (a copy; key order as composed)."""
-    return copy.deepcopy(getattr(s, SOURCE))
+    """The resolved node `s` was built from (a copy; key order as composed). A copy made by
+    dataclasses.replace (unchecked: tests reaching a value the schema refuses) has no node: its fields."""
+    if hasattr(s, SOURCE):
+        return copy.deepcopy(getattr(s, SOURCE))
+    out = {}
+    for f in dataclasses.fields(s):
+        v = getattr(s, f.name)
+        if not (_optional(f) and v == f.metadata["key"].absent):
+            out[f.name] = record(v) if dataclasses.is_dataclass(v) else copy.deepcopy(v)
+    return out
 
 
 def merge(s, *overrides: Mapping):
@@ -192,6 +195,20 @@ def merge(s, *overrides: Mapping):
     for over in overrides:
         node = _merged(node, _plain(over))
     return of(node) if type(s) is _run_class() else build(type(s), node)
+
+
+def with_group(run, kind: str, s):
+    """The run's settings with its `kind` group replaced by `s` (first use trains SAM-Decoding's
+    auxiliary with the auxiliary's settings as the method's)."""
+    node = record(run)
+    node[kind] = record(s)
+    return of(node)
+
+
+def has(s, key: str) -> bool:
+    """Whether `s`'s table has `key` (a part shared by methods whose tables differ: Hugging Face's
+    assisted generation has a `mode`, vanilla SD not)."""
+    return key in {f.name for f in dataclasses.fields(s)}
 
 
 def _merged(base: dict, over: dict) -> dict:

@@ -1,13 +1,14 @@
 """Shared helpers for tests on tiny random models (CPU, float64, byte tokenizer).
 
 `tiny_model(**overrides)` builds (once per distinct config) a tiny-llama adapter exactly as
-`model=tiny-llama` does; `method_cfg(...)` builds a method config; `build(...)` a method with a
-control dict passed the way the runner passes it (ctx={"control": ...}).
+`model=tiny-llama` does; `method_cfg(...)` a method's settings from conf/method/<name>.yaml;
+`build(...)` a method with the run values the runner passes (`run_values`, the control settings in them).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -16,9 +17,8 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from specbench import settings
+from specbench import schema, settings
 from specbench.config import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods import build_method
@@ -32,6 +32,27 @@ GREEDY = SamplingConfig()
 # One intra-op thread: the tiny models' ops are far too small to gain from more, and on a shared
 # 2-core machine a second thread makes every forward 10-20x slower under contention.
 torch.set_num_threads(1)
+
+
+# what the trainers' unit tests change in conf/train/default.yaml: a fixed rate without warm-up, the
+# text's next tokens as labels, an epoch bound, no held-out curve and no resume states
+UNIT_TRAIN = {"schedule": "constant", "warmup_steps": 0, "labels": "text", "max_steps": None, "eval_every": None,
+              "checkpoint_every": None}
+
+
+def train_run(method: dict, **train):
+    """The run settings a trainer gets for `python -m specbench.train model=tiny-llama method=<name>`:
+    the method's keys (`method["name"]`, TEST_METHOD's, then `method`'s) and UNIT_TRAIN then `train`
+    over conf/'s."""
+    name = method["name"]
+    own = {k: v for k, v in method.items() if k != "name"}
+    return settings.merge(run_settings(f"method={name}"), {"method": TEST_METHOD.get(name, {})}, {"method": own},
+                          {"train": UNIT_TRAIN | train})
+
+
+def train_settings(**overrides):
+    """conf/train/default.yaml's settings (the composed run's `train`) with `overrides`."""
+    return settings.merge(run_settings().train, overrides)
 
 
 def tiny_settings(**overrides):
@@ -106,25 +127,34 @@ def controller_args(name: str, **overrides) -> dict:
     return args | {"seed": 0}
 
 
+# what the tests change in conf/method/<name>.yaml so that a method builds on the 4-layer tiny model with
+# nothing trained (other keys: as shipped)
+TEST_METHOD = {
+    "vanilla_sd": {"draft": {"num_layers": 1, "checkpoint": None}},  # a 1-layer draft, untrained
+    "hf_assisted": {"draft": {"num_layers": 1, "checkpoint": None}},
+    "medusa": {"tree_from_accuracies": None},  # untrained heads have no accuracies: a tree or sizes, else the default dense one
+}
+
+
 def method_cfg(name: str = "vanilla_sd", **kw):
-    """A method config like conf/method/<name>.yaml, the draft untrained (checkpoint null)."""
-    cfg: dict = {"name": name}
-    if name in ("vanilla_sd", "hf_assisted"):
-        draft = {"source": "truncate", "num_layers": 1, "checkpoint": None}
-        draft.update(kw.pop("draft", {}))
-        cfg["draft"] = draft
-    if name == "pld":
-        cfg.update(max_ngram=3, min_ngram=1)
-    if name == "lookahead":
-        cfg.update(full_match_bonus=False)  # conf/method/lookahead.yaml: lade's accept rule
-    cfg.update(kw)
-    return OmegaConf.create(cfg)
+    """conf/method/<name>.yaml's settings, TEST_METHOD's and then `kw` merged over them (`allow_untrained`
+    only where the method has the key: a test of every method may pass it to all)."""
+    if "allow_untrained" not in schema.METHODS.get(name, {}):
+        kw.pop("allow_untrained", None)
+    return settings.shipped("method", name, TEST_METHOD.get(name, {}), kw)
 
 
-def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl=None):
+def run_values(ctrl=None, **kw) -> settings.RunValues:
+    """The run values a method gets from `python -m specbench model=tiny-llama` (conf/config.yaml), with
+    the control settings `ctrl` (default: conf/control/fixed.yaml) and the data dir of this moment."""
+    values = settings.run_values(run_settings("control=fixed"))
+    kw = {"data_dir": os.environ.get("SPECBENCH_DATA_DIR"), **kw}
+    return dataclasses.replace(values, control=ctrl if ctrl is not None else values.control, **kw)
+
+
+def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl=None, **values):
     cfg = cfg if cfg is not None else method_cfg(name)
-    ctx = {"control": ctrl} if ctrl is not None else None
-    return build_method(name, target, cfg, sampling, ctx)
+    return build_method(name, target, cfg, sampling, run_values(ctrl, **values))
 
 
 @torch.no_grad()  # as the runner does: with grad on, a backend's layers run F.linear (training)

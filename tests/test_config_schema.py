@@ -62,7 +62,7 @@ def test_choice_lists_equal_the_code_registries():
     from specbench.models import DTYPES, MODEL_LOADERS, tiny_llama_config
     from specbench.models.backends import BACKENDS
     from specbench.models.tokenizer import ByteTokenizer
-    from specbench.skipsearch import SEARCH_KEYS
+    from specbench.skipsearch import SEARCH_FILE
     from specbench.tasks import TASKS
 
     assert set(schema.CONTROLS) == set(CONTROLLERS)
@@ -71,7 +71,7 @@ def test_choice_lists_equal_the_code_registries():
     assert set(schema.MODELS) == set(MODEL_LOADERS)
     assert set(schema.DTYPES) == {"auto", *DTYPES}
     assert set(schema.BACKENDS) == set(BACKENDS) and set(schema.COUNTS) == set(COUNTS)
-    assert set(schema.SEARCH) == set(SEARCH_KEYS)
+    assert set(schema.SEARCH) == set(yaml.safe_load(SEARCH_FILE.read_text()))
     assert modelinfo.TINY_VOCAB == ByteTokenizer.vocab_size
     assert modelinfo.TINY_CONTEXT == tiny_llama_config(tiny_settings()).max_position_embeddings
 

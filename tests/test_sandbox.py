@@ -260,7 +260,7 @@ def test_no_token_to_steal_even_unisolated(name, no_bwrap):
 def check_not_forged(t, name):
     s = Sample(id="T/1", turns=["x"], reference=ADD)
     assert t.score(s, [f"```python\n{FORGERIES[name]}\n```"]) == {"pass@1": 0.0}
-    assert t.score(s, [f"```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
+    assert t.score(s, ["```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
 
 
 def test_signalling_the_parent_leaves_the_harness_standing(isolated):
