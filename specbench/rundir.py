@@ -356,10 +356,10 @@ class RunDir:
         return costs
 
 
-def _record(line: bytes) -> dict | None:
-    """A sample line as written by the runner, or None."""
+def _record(line: bytes | dict) -> dict | None:
+    """A sample line as written by the runner (or an entry of a summary's per_sample), or None."""
     try:
-        rec = json.loads(line)
+        rec = line if isinstance(line, dict) else json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("method"), dict):
@@ -378,8 +378,9 @@ def read_finished(path: Path, summary: dict) -> tuple[dict, list[dict]]:
         raise SpecBenchError(f"run dir {path} is still being written (pid {pid}); wait for it to finish")
     config = read_config(path, f"run dir {path} has no config.json: cannot tell what produced its results")
     samples = path / "samples.jsonl"
+    lean = not samples.exists() and isinstance(summary.get("per_sample"), list)  # a copy kept as config + summary
     records, seen = [], set()
-    for i, line in enumerate(samples.read_bytes().splitlines() if samples.exists() else [], 1):
+    for i, line in enumerate(summary["per_sample"] if lean else samples.read_bytes().splitlines() if samples.exists() else [], 1):
         rec = _record(line)
         if rec is None:
             raise SpecBenchError(f"{samples}:{i} is not a sample record: refusing a damaged run")
@@ -388,8 +389,8 @@ def read_finished(path: Path, summary: dict) -> tuple[dict, list[dict]]:
         seen.add(rec["id"])
         records.append(rec)
     n = summary.get("samples")
-    if not isinstance(n, int) or n > len(records):
-        raise SpecBenchError(f"{path}/summary.json counts {n!r} samples but samples.jsonl holds {len(records)}: refusing a mixed or damaged run")
+    if not isinstance(n, int) or n > len(records) or (lean and n != len(records)):
+        raise SpecBenchError(f"{path}/summary.json counts {n!r} samples but {'per_sample' if lean else 'samples.jsonl'} holds {len(records)}: refusing a mixed or damaged run")
     meta = summary.get("meta") or {}
     for key in ("method", "model", "task"):
         if key in meta and meta[key] != (config.get(key) or {}).get("name"):

@@ -121,12 +121,22 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, ci, per_categ
     if split:
         out["draft_sources"] = split
     cats = sorted({r["category"] for r in records if r.get("category")}) if per_category else []
+    if per_category:  # the whole run (not a category's slice): what a run dir without samples.jsonl keeps
+        out["per_sample"] = per_sample(records)
     if cats:
         out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, ci, False) for c in cats}
         for c in cats:
             for k in POSITION_KEYS:
                 out["per_category"][c].pop(k, None)
     return out
+
+
+def per_sample(records: list[dict]) -> list[dict]:
+    """Per sample, what the report needs beyond the totals: the pairs behind the bootstrap interval
+    and the paired test (tokens and wall of AR and of the method), the category and =AR. A lean copy
+    of a run dir (config.json + summary.json, as results/leaderboard keeps them) is read through it."""
+    return [{"id": r["id"], "category": r.get("category"), "matches_ar": bool(r["matches_ar"]),
+             **{k: {"new_tokens": r[k]["new_tokens"], "wall": r[k]["wall"]} for k in ("ar", "method")}} for r in records]
 
 
 def source_split(records: list[dict]) -> dict:

@@ -4,6 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import warnguard
+
 # tiny models: one thread is faster than two oversubscribed ones on a loaded 2-core machine
 torch.set_num_threads(1)
 
@@ -22,7 +24,43 @@ def data_dir() -> Path:
     return FIXTURES
 
 
+@pytest.fixture(scope="session")
+def _kernels(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache)."""
-    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+def _private_cache(tmp_path_factory, monkeypatch, _kernels):
+    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache), but for the
+    compiled C kernels: ggml.build keys them by source, compiler, flags and CPU and writes them atomically,
+    so sharing them changes no result and spares a ~5 s compile in each test that builds its own flags."""
+    cache = tmp_path_factory.mktemp("cache")
+    (cache / "kernels").symlink_to(_kernels, target_is_directory=True)
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))
+
+
+# a transformers deprecation that specbench's own code sets off fails the test (tests/warnguard.py)
+warnguard.install()
+
+
+def _fail_on_our_deprecations():
+    found, warnguard.offenders[:] = list(dict.fromkeys(warnguard.offenders)), []
+    if found:
+        pytest.fail("specbench calls a deprecated transformers API (a run prints this):\n" + "\n".join(found),
+                    pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    warnguard.offenders.clear()
+    result = yield
+    _fail_on_our_deprecations()
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    warnguard.offenders.clear()
+    result = yield
+    _fail_on_our_deprecations()
+    return result

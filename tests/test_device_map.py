@@ -5,10 +5,12 @@ and a tensor "moved" to one carries a tag: fake layers record the tag and dtype 
 with, and still compute with the real layer, so the outputs must equal the plain adapter's."""
 
 import copy
+import inspect
 
 import pytest
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from specbench.engine.cache import KVCache
 from specbench.models import ModelAdapter, adapter as adapter_mod
@@ -49,6 +51,10 @@ class Recording(nn.Module):
         self.calls.append({"hidden": tag(hidden), "dtype": hidden.dtype, "pos": None if pe is None else {tag(t) for t in pe},
                            "mask": None if mask is None else tag(mask)})
         return self.inner(hidden, *args, **kwargs)
+
+    # the adapter names the KV-cache kwarg after the called layer's class (accelerate's dispatch keeps the class):
+    # read as a Llama layer, or the stand-in is passed `past_key_values` and the layer warns (transformers 5.24+)
+    forward.__signature__ = inspect.signature(LlamaDecoderLayer.forward)
 
 
 @pytest.fixture

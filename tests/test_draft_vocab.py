@@ -118,7 +118,7 @@ def test_drafts_propose_only_kept_tokens_and_greedy_equals_ar(method, tmp_path, 
 
     def recording(k):
         prop = propose(k)
-        proposed.extend(prop.tokens)
+        proposed.extend(prop.tokens if prop.dtree is None else prop.dtree.tokens[prop.dtree.real[1:]].tolist())
         return prop
 
     monkeypatch.setattr(m, "propose", recording)

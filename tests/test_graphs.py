@@ -161,3 +161,24 @@ def test_a_static_cache_grows_when_a_sequence_outruns_it():
     assert got == ar_tokens(tiny_model(), prompt, 40)
     cache = g._static_caches[("target", 4)]
     assert isinstance(cache, StaticKVCache) and cache.capacity >= 46 and cache.epoch >= 1
+
+
+def test_the_report_tells_the_modes_apart_and_eager_from_older_runs():
+    """A graphs run is another model in the report (never pooled with eager); an eager run is the
+    same model as a run recorded before model.execution existed."""
+    from specbench.report.load import model_identity
+
+    old = {"model.name": "m", "model.dtype": "float32"}
+    eager = old | {"model.execution": "eager", "model.graph_max_width": 64}
+    graphs = old | {"model.execution": "graphs", "model.graph_max_width": 64}
+    assert model_identity(eager, "m") == model_identity(old, "m") != model_identity(graphs, "m")
+
+
+def test_the_execution_mode_is_not_part_of_a_models_key():
+    """Trained parts are found by the model's key: a graphs run uses what an eager run trained."""
+    from helpers import tiny_settings
+    from specbench.models import load_model
+
+    keys = {load_model(tiny_settings(**extra)).key
+            for extra in ({}, {"execution": "eager", "graph_max_width": 64}, {"execution": "graphs", "graph_max_width": 8})}
+    assert len(keys) == 1

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -15,6 +17,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): a sweep of CLI processes, ~14 s of CPU, ~30 s of waiting
 def test_sigkill_mid_sweep_then_resume(tmp_path, data_dir):
     env = dict(os.environ, SPECBENCH_DATA_DIR=str(data_dir), OMP_NUM_THREADS="1")
     cmd = [

@@ -122,6 +122,7 @@ SMALL = ["model=tiny-llama", "method=pld", "task=gsm8k", "task.num_samples=1", "
          "progress=false", "warmup_tokens=1", "threads=1"]
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): two sweeps of CLI processes, ~26 s of CPU
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
 def test_a_sweep_gives_each_point_its_own_dir_and_reruns_resume(tmp_path, data_dir, launcher):

@@ -61,6 +61,7 @@ def assert_same_state(a: Path, b: Path) -> None:
         assert torch.equal(ta[k], tb[k]), k
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): trains every method twice, ~43 s of CPU
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_same_setting_and_seed_give_the_same_artifact_bytes(method, data_dir, tmp_path, monkeypatch):
     """Generation and training from an empty cache twice: the same bytes (so the same provenance
@@ -77,6 +78,7 @@ class Interrupt(Exception):
     pass
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): ~26 s of CPU
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_an_interrupted_training_resumes_to_the_same_bytes(method, data_dir, tmp_path, monkeypatch, capsys):
     """An exception at step 5 (of 7; resume states every 2 steps): the rerun resumes at step 4 and
@@ -125,6 +127,7 @@ def test_a_resume_state_of_another_setting_is_ignored(data_dir, tmp_path, monkey
     assert sha(other) == sha(fresh)
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): ~12 s of CPU
 @pytest.mark.parametrize("method", ["space", "medusa2"])
 def test_evaluations_do_not_change_the_weights(method, data_dir, tmp_path, monkeypatch):
     """End to end: eval_every changes none of the weights (SPACE's held-out cuts come from their own

@@ -78,6 +78,7 @@ def test_second_run_is_refused_naming_the_holder(holder, data_dir):
     assert cli.returncode == 2 and err.strip() == f"specbench: error: run dir {run_dir} is in use by another run (pid {pid}); wait for it or choose another run_name"
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): two CLI runs at once, ~12 s of CPU
 def test_two_concurrent_runs_do_not_mix(tmp_path, data_dir):
     """Two configurations started together into one dir: one runs, the other is refused; the
     samples on disk all belong to the configuration config.json names."""

@@ -381,7 +381,9 @@ def test_a_venv_under_tmp_is_visible_inside(isolated, kind):
         proc = subprocess.run([str(venv / "bin" / "python"), "-c", harness, "true"], input=code,
                               capture_output=True, text=True, timeout=120, cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
-        result = json.loads(proc.stdout.splitlines()[0])
+        lines = proc.stdout.splitlines()
+        assert lines, proc.stderr[-2000:]  # the harness died before its report (an import, say)
+        result = json.loads(lines[0])
         assert (result["passed"], result["status"]) == (True, "passed"), proc.stdout + proc.stderr
     finally:
         shutil.rmtree(root)

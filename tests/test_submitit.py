@@ -12,6 +12,7 @@ from helpers import run_cli
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): submitit's local processes, ~7 s of CPU
 @pytest.mark.slow
 def test_submitit_local_end_to_end(tmp_path, data_dir):
     run_dir = tmp_path / "run"

@@ -15,7 +15,9 @@ tests/fakecuda.py's `SyncCounter` per decoding step, greedy (Spec-Bench's settin
 - SWIFT: a chain draft as above (its tree's top-10 candidates per depth come in the draft token's
   copy), the verification (a tree's rejection walk under sampling counted as below), plus one read
   per layer-set optimisation iteration (the skipped model's predictions over its context window);
-- trees and laid-out candidates (Medusa, EAGLE-2, SPACE, Lookahead, Token Recycling, REST,
+- EAGLE-2/3 under greedy: one read per step (the tree stays on the device: engine/verify.py
+  DeviceTree, verified by engine/tree.py verify_tree_greedy_device; checked exactly below);
+- trees and laid-out candidates (Medusa, EAGLE-2/3 sampling, SPACE, Lookahead, Token Recycling, REST,
   SuffixDecoding): at most two reads per step (the candidates, the verification). Under sampling
   a tree's rejection walk (engine/tree.py verify_tree_sampling) reads one node distribution per
   depth it visits, accepted + 1, counted as such: which node comes next depends on the draw at the
@@ -89,7 +91,7 @@ def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, 
         m = build(method, t, cfg, sampling, controller_config(controller))
         if controller == PREDICTOR:
             with_predictor(m, t)
-        counter, steps, trees = mode.counter, [], set()
+        counter, steps, trees, device_trees = mode.counter, [], set(), set()
         start, step = m.start, m.step
         draft = getattr(m, "draft_candidates", None)
 
@@ -107,6 +109,8 @@ def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, 
             prop = draft(k_max)
             if prop.tree is not None:
                 trees.add(counter.step)
+            if prop.dtree is not None:  # verified on the device: no read of the candidates
+                device_trees.add(counter.step)
             return prop
 
         m.start, m.step = counted_start, counted_step
@@ -116,14 +120,14 @@ def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, 
     ev = counter.events
     rows = [(s.n_drafted, s.n_accepted, counter.syncs(i), counter.count("h2d_async", i),
              [e for e in ev if e.step == i and e.in_layer], i in trees,
-             where(e for e in ev if e.step == i and e.kind in ("d2h", "h2d"))) for i, s in enumerate(steps)]
+             where(e for e in ev if e.step == i and e.kind in ("d2h", "h2d")), i in device_trees) for i, s in enumerate(steps)]
     return m, rows, [e for e in ev if e.step == "prefill"]
 
 
 def budget(m, row, sampling: SamplingConfig, step: int | None = None) -> int:
     drafted, accepted, tree = row[0], row[1], row[5]
-    if not isinstance(m, SpeculativeMethod):
-        return 1
+    if not isinstance(m, SpeculativeMethod) or (len(row) > 7 and row[7]):
+        return 1  # AR; a tree left on the device (EAGLE-2/3, greedy): its verification's one read
     walk = tree and not sampling.greedy and m.verifier.acceptance != "typical"
     verify = 1 + accepted if walk else 1  # a tree's rejection walk: one distribution per visited node
     if m.uses_controller:  # one read per drafted token (SWIFT's tree: its candidates in the same copy)
@@ -141,6 +145,7 @@ def where(events) -> dict:
     return dict(Counter(f"{e.kind} {e.what} {e.where}" for e in events))
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): ~95 s of CPU (every op through the fake device)
 @pytest.mark.parametrize("execution", ["eager", "graphs"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("method, controller, overrides", CASES, ids=[case_name(*c, GREEDY) for c in CASES])
@@ -185,3 +190,14 @@ def test_write_report():
     if path and _REPORT:
         with open(path, "w") as f:
             json.dump(_REPORT, f, indent=1, sort_keys=True)
+
+
+@pytest.mark.ci  # with the budget test: ~100 s of CPU through the fake device
+@pytest.mark.parametrize("execution", ["eager", "graphs"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "hydra"])
+def test_device_trees_read_once_per_step_under_greedy(method, execution):
+    """EAGLE-2/3, Medusa and Hydra leave their tree on the device (engine/verify.py DeviceTree): no
+    read between draft and verify, the verification's one read per step (the budget would allow 2)."""
+    m, rows, _ = count(method, None, GREEDY, None, execution)
+    assert rows and all(r[7] for r in rows), "a step proposed a host tree"
+    assert [r[2] for r in rows] == [1] * len(rows), [(r[2], r[6]) for r in rows]

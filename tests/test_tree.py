@@ -1,6 +1,8 @@
 """Token trees (Medusa fig. 2), the SPACE layout (fig. 3) and tree-masked forwards."""
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.tree import TokenTree, space_layout, verify_tree_greedy, verify_tree_sampling
@@ -138,3 +140,39 @@ def test_typical_acceptance_at_temperature_zero_is_greedy():
     nodes = [2, 1]  # root, then the candidate: token 1, not the argmax 0
     assert verify_tree_typical(tree, nodes, logits, 0.0, 0.09, 0.3) == verify_tree_greedy(tree, nodes, logits) == ([0], 0)
     assert verify_tree_typical(tree, nodes, logits, 1.0, 0.09, 0.3) == ([0, 1], 2)  # sampling: typical accepts it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 3))
+def test_the_device_verifier_accepts_the_host_verifiers_path(seed, pad):
+    """verify_tree_greedy_device (one read, decided on the device) against verify_tree_greedy on
+    random trees, tokens and logits made to accept paths of every length; padding is never taken."""
+    import random
+
+    from specbench.engine.tree import verify_tree_greedy_device
+    from specbench.engine.verify import DeviceTree
+
+    rng = random.Random(seed)
+    paths = {()}
+    for _ in range(rng.randint(1, 14)):
+        parent = rng.choice(sorted(paths))
+        if len(parent) < 4:
+            paths.add(parent + (len([p for p in paths if p[:-1] == parent and len(p) == len(parent) + 1]),))
+    tree = TokenTree.from_paths(sorted(paths))
+    vocab = 12
+    # siblings distinct; the target's argmax at a node is one of its children's tokens half of the time
+    tokens = [rng.randrange(vocab)]
+    for p in tree.paths[1:]:
+        taken = {tokens[c] for c in tree.children[tree.parents[tree.paths.index(p)]] if c < len(tokens)}
+        tokens.append(rng.choice([t for t in range(vocab) if t not in taken]))
+    logits = torch.randn(len(tree) + pad, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    for i in range(len(tree)):
+        kids = tree.children[i]
+        if kids and rng.random() < 0.7:
+            logits[i, tokens[rng.choice(kids)]] += 100.0
+    want_path, want_tok = verify_tree_greedy(tree, tokens, logits[: len(tree)])
+    dtree = DeviceTree.of(tree, torch.tensor(tokens[1:]), pad, tree.max_depth + rng.randint(0, 3))
+    feed = torch.cat([torch.tensor(tokens[:1]), dtree.tokens])
+    path, tok, accepted, depth, cands = verify_tree_greedy_device(dtree, feed, logits)
+    assert (path, tok) == (want_path, want_tok)
+    assert accepted == [tokens[j] for j in want_path[1:]] and depth == tree.max_depth and cands == len(tree) - 1

@@ -235,6 +235,7 @@ def _specs(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.ci  # CI only (docs/testing.md): worker processes, ~15 s of CPU
 def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, monkeypatch):
     from specbench.vllm_engine.convert import load_tokenizer
     from specbench.vllm_engine.run import run_vllm

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.transfer import upload
-
 from specbench.engine.sampling import SamplingConfig, probs, sample
+from specbench.engine.transfer import upload
 
 
 @dataclass
@@ -154,6 +153,30 @@ def verify_tree_greedy(tree: TokenTree, node_tokens: list[int], logits: torch.Te
         if nxt is None:
             return path, want
         path.append(nxt)
+
+
+def verify_tree_greedy_device(tree, feed: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], int, list[int], int, int]:
+    """verify_tree_greedy on a DeviceTree (engine/verify.py), decided on the device and read once:
+    (accepted node path from the root, next token, the path's draft tokens, the deepest real node's
+    depth, the real candidates). A node is accepted when its token is the target's argmax at its
+    parent and its parent is accepted; a parent's children are distinct tokens, so the accepted
+    nodes are one path, and its deepest node is the only accepted node at its depth."""
+    choice = logits.argmax(-1)
+    ok = (feed == choice[tree.parents]) & tree.real
+    ok[0] = True
+    acc = ok
+    for _ in range(tree.levels):
+        acc = ok & acc[tree.parents]
+    # a 1-element index, not a 0-dim one: indexing with a 0-dim tensor reads it to the host first
+    best = torch.where(acc, tree.depths, -1).argmax().view(1)
+    on_path = torch.where(tree.mask.index_select(0, best)[0], tree.depths, tree.depths.shape[0] + tree.levels)
+    path = torch.sort(on_path, stable=True).indices[: tree.levels + 1]
+    head = torch.cat([tree.depths.index_select(0, best), choice.index_select(0, best),
+                      torch.where(tree.real, tree.depths, 0).max().view(1), (tree.real.sum() - 1).view(1)])
+    got = torch.cat([head, path, feed[path]]).tolist()  # the step's one read
+    d, width = got[0], path.shape[0]  # the path's slots: the depth bound + 1, or every node when fewer
+    nodes, tokens = got[4 : 4 + d + 1], got[4 + width : 4 + width + d + 1]
+    return nodes, got[1], tokens[1:], got[2], got[3]
 
 
 def verify_tree_sampling(tree: TokenTree, node_tokens: list[int], logits: torch.Tensor, cfg: SamplingConfig,

@@ -23,6 +23,7 @@ from specbench.control import DraftInfo, DraftRef, build_controller
 from specbench.engine.sampling import SamplingConfig, next_token, probs, sample
 from specbench.engine.timer import PhaseTimer
 from specbench.engine.transfer import take, upload
+from specbench.engine.tree import verify_tree_greedy_device
 from specbench.engine.verify import Proposal, Verifier, verification_input
 from specbench.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
@@ -257,10 +258,13 @@ class SpeculativeMethod(ARMethod):
             positions = None if offsets is None else L + upload(offsets, self.target.device)
             logits, hidden = self.verify_forward(prop, feed, mask, positions)
             node_logits = logits if prop.layout is None else take(logits, rows)  # a chain or tree: every row is a node
-            path, tok = self.verifier(prop, pending, node_logits, self.sampling, self.gen)
+            if prop.dtree is not None:  # decided on the device, read once (greedy)
+                path, tok, accepted, depth, candidates = verify_tree_greedy_device(prop.dtree, feed, node_logits)
+            else:
+                path, tok = self.verifier(prop, pending, node_logits, self.sampling, self.gen)
+                accepted, depth, candidates = [prop.tokens[j - 1] for j in path[1:]], prop.depth, len(prop.tokens)
             kept = [rows[j] for j in path]
             self.cache.keep(L, kept)  # the one place the target's cache is rolled back
-            accepted = [prop.tokens[j - 1] for j in path[1:]]
             self.tokens += accepted + [tok]
             self.target_hidden = hidden[kept[-1]]
             self.after_verify(prop, path, kept, hidden, logits)
@@ -268,7 +272,7 @@ class SpeculativeMethod(ARMethod):
         if self.controller is not None and prop.tokens:
             with self.timer.phase("control"):
                 self.controller.update(len(prop.tokens), n)
-        return StepResult(accepted + [tok], prop.depth, n, len(feed), len(prop.tokens))
+        return StepResult(accepted + [tok], depth, n, len(feed), candidates)
 
     def draft_loop(self, k_max: int, next_draft) -> Proposal:
         """The controller-driven chain draft. `next_draft(drafts)` returns the draft logits

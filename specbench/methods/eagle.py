@@ -12,9 +12,12 @@ One step, with x_n the pending token (chosen by the target, not yet fed to it):
    the path = log of their product); the k best children form the next frontier. Rerank: the
    `num_nodes` best-scored nodes of everything proposed are verified. A child never outscores
    its parent (log p <= 0) and ties go to the shallower node, so the selection is a tree.
-   All of it runs on the device with fixed shapes (methods/eagle_tree.py, head-agnostic); the
-   chosen nodes come to the host in one read per step (on a GPU a read per level would drain
-   the launch queue once per level).
+   All of it runs on the device with fixed shapes (methods/eagle_tree.py, head-agnostic). Under
+   greedy decoding the chosen nodes stay there: the proposal is a `DeviceTree` (token ids, parents,
+   depths, ancestor mask, all device tensors), verified on the device, and the step's one read
+   returns the accepted path (engine/tree.py verify_tree_greedy_device): no host round trip between
+   draft and verify. Under sampling the chosen nodes come to the host in one read (the rejection
+   walk draws from the seeded host generator), then the verification's.
 3. The decode loop (methods/base.py) verifies root + nodes in one target forward with the tree
    mask; greedy or lossless tree rejection sampling picks the accepted path and the loop keeps
    that path's cache entries; the path's target features (computed by this forward) are the pairs
@@ -44,7 +47,7 @@ from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.eagle_head import load_eagle
-from specbench.methods.eagle_tree import grow_tree, read_tree, select_nodes, topk_children
+from specbench.methods.eagle_tree import GrownTree, device_tree, grow_tree, read_tree, select_nodes, topk_children
 
 
 @register_method
@@ -89,7 +92,10 @@ class Eagle(SpeculativeMethod):
 
     # -- one step: the loop verifies the tree and keeps the accepted path -----------------------
     def propose(self, k_max: int) -> Proposal:
-        tree, nodes = self.draft_tree()
+        grown, chosen = self.grow()
+        if self.sampling.greedy and self.verifier.acceptance == "auto":  # verified on the device: no read here
+            return Proposal([], dtree=device_tree(grown, chosen))
+        tree, nodes = read_tree(grown, chosen, self.tokens[-1])
         return Proposal(nodes[1:], tree=tree)
 
     def after_verify(self, prop, path, rows, hidden, logits) -> None:
@@ -109,11 +115,16 @@ class Eagle(SpeculativeMethod):
         out = self.head(feats.unsqueeze(0), tokens, self.dcache, positions=positions, tree_mask=mask)[0]
         return self.head.logits(out), out
 
-    def draft_tree(self) -> tuple[TokenTree, list[int]]:
-        """Grow the tree on the device, rerank, read the chosen nodes once (eagle_tree.py)."""
+    def grow(self) -> tuple[GrownTree, torch.Tensor]:
+        """Grow the tree on the device and rerank (eagle_tree.py): every candidate and the chosen ones."""
         root_feat = self.catch_up()
         base = self.dcache.length()  # = position of the pending token; node at depth d sits at base + d - 1
         grown = grow_tree(self.tree_step, self.head.logits(root_feat.unsqueeze(0))[0], root_feat, base, self.top_k,
                           self.depth, self.children)
         self.dcache.crop(base)  # the head's tree entries: the next step reads real target features
-        return read_tree(grown, select_nodes(grown, self.num_nodes), self.tokens[-1])
+        return grown, select_nodes(grown, self.num_nodes)
+
+    def draft_tree(self) -> tuple[TokenTree, list[int]]:
+        """The chosen nodes read to the host once, as a TokenTree and its node tokens."""
+        grown, chosen = self.grow()
+        return read_tree(grown, chosen, self.tokens[-1])

@@ -11,7 +11,8 @@ top_k children, scored by the accumulated log draft probability (float32, as the
 it). Candidates keep their creation order (level, then frontier position, then rank), which is
 what ties fall back to. Nothing is read to the host while growing: on a GPU a read per level is
 a queue drain per level. `select_nodes` reranks on the device and `read_tree` reads the chosen
-nodes once (tokens, parents, ranks in one copy) to build the `TokenTree` the verifier walks.
+nodes once (tokens, parents, ranks in one copy) to build the `TokenTree` the host verifier walks
+(sampling), or `device_tree` hands them to the device verifier as they are (greedy, no read).
 
 Selection is the host grower's rule exactly (tests/test_eagle_tree.py compares them): order by
 (-score, depth, index); take a candidate if its parent is the root or was taken before it, until
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench.engine.tree import TokenTree
+from specbench.engine.verify import DeviceTree
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -129,3 +131,25 @@ def read_tree(tree: GrownTree, chosen: torch.Tensor, root_token: int) -> tuple[T
         token_of[tuple(reversed(path))] = tok
     out = TokenTree.from_paths(list(token_of))
     return out, [root_token] + [token_of[p] for p in out.paths[1:]]
+
+
+def device_tree(tree: GrownTree, chosen: torch.Tensor) -> DeviceTree:
+    """The chosen nodes as a DeviceTree, nothing read: node j + 1 is chosen[j] (rerank order, in
+    which every parent comes before its children); a -1 (fewer candidates than num_nodes) is a
+    padding node. The tree mask (ancestor or self) is built one level per pass."""
+    n, n_all = chosen.shape[0], tree.tokens.shape[0]
+    dev = chosen.device
+    real = chosen >= 0
+    c = chosen.clamp_min(0)
+    nodes = torch.arange(1, n + 1, device=dev)
+    node_of = torch.zeros(n_all + 1, dtype=torch.long, device=dev)  # candidate -> its node (slot n_all: padding)
+    node_of.scatter_(0, torch.where(real, c, n_all), nodes)
+    parent = tree.parents[c]
+    parents = torch.where(real & (parent >= 0), node_of[parent.clamp_min(0)], torch.where(real, 0, nodes))
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    parents = torch.cat([zero, parents])
+    depths = torch.cat([zero, torch.where(real, tree.depths[c], 0)])
+    mask = torch.eye(n + 1, dtype=torch.bool, device=dev)
+    for _ in range(tree.levels):
+        mask = mask | mask[parents]
+    return DeviceTree(tree.tokens[c], parents, depths, mask, torch.cat([real.new_ones(1), real]), tree.levels)

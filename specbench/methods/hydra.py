@@ -30,7 +30,7 @@ import torch
 
 from specbench.engine.transfer import take
 from specbench.engine.tree import TokenTree
-from specbench.engine.verify import Proposal
+from specbench.engine.verify import DeviceTree, Proposal
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.hydra_heads import load_heads
@@ -127,4 +127,9 @@ class Hydra(SpeculativeMethod):
                 x = torch.cat([x[lv.grow_rows], self.heads.embed(top[lv.grow_nodes])[0]], -1)
         if self.record_inputs:
             self.recorded.append(inputs)
-        return Proposal(torch.cat(found).tolist(), tree=self.tree)  # the one read of the proposal
+        tokens = torch.cat(found)
+        if self.sampling.greedy:  # verified on the device: no read before the verification
+            if getattr(self, "_dtree", None) is None:
+                self._dtree = DeviceTree.of(self.tree, torch.zeros_like(tokens))
+            return Proposal([], dtree=self._dtree.with_tokens(tokens))
+        return Proposal(tokens.tolist(), tree=self.tree)  # the one read of the proposal

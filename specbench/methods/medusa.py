@@ -32,7 +32,8 @@ from torch import nn
 
 from specbench.artifacts import apply_checkpoint, load_checkpoint
 from specbench.engine.tree import TokenTree
-from specbench.engine.verify import ACCEPTANCE, Proposal
+from specbench.engine.transfer import upload
+from specbench.engine.verify import ACCEPTANCE, DeviceTree, Proposal
 from specbench.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset
@@ -250,6 +251,15 @@ class Medusa(SpeculativeMethod):
     def verify_widths(self) -> list[int]:
         return [len(self.tree)]
 
+    def device_tree(self) -> DeviceTree:
+        """The static tree's shape on the device, once; node i's token is head depth-1's rank-r top."""
+        if getattr(self, "_dtree", None) is None:
+            dev = self.target.device
+            self.node_head = upload([len(p) - 1 for p in self.tree.paths[1:]], dev, torch.long)
+            self.node_rank = upload([p[-1] for p in self.tree.paths[1:]], dev, torch.long)
+            self._dtree = DeviceTree.of(self.tree, torch.zeros(len(self.tree) - 1, dtype=torch.long, device=dev))
+        return self._dtree
+
     def first_token(self, logits: torch.Tensor) -> int:
         # typical acceptance: "greedy decoding for the first token" (3.3.1); the authors'
         # generate_candidates takes the argmax of the prefill's logits too, at every temperature.
@@ -266,8 +276,12 @@ class Medusa(SpeculativeMethod):
 
     def propose(self, k_max: int) -> Proposal:
         # the heads read the final hidden state of the last verified position (the loop keeps it);
-        # every head's top tokens come back in one read (one wait on a GPU, not one per head)
+        # every head's top tokens come back in one read (one wait on a GPU, not one per head), or,
+        # greedy, none: the tree's tokens are gathered on the device and verified there
         logits = torch.stack([self.head_logits(d, self.target_hidden) for d in range(len(self.ranks))])
-        top = torch.topk(logits, max(self.ranks), -1).indices.tolist()
+        top = torch.topk(logits, max(self.ranks), -1).indices
+        if self.sampling.greedy:
+            return Proposal([], dtree=self.device_tree().with_tokens(top[self.node_head, self.node_rank]))
+        top = top.tolist()
         ranked = [row[:r] for row, r in zip(top, self.ranks)]
         return Proposal(self.tree.node_tokens(self.tokens[-1], ranked)[1:], tree=self.tree)

@@ -162,6 +162,9 @@ def tiny_llama_config(cfg):
     )
 
 
+HOW_IT_RUNS = ("backend", "execution", "graph_max_width")
+
+
 def load_tiny(cfg) -> ModelAdapter:
     from transformers import LlamaForCausalLM
 
@@ -171,9 +174,9 @@ def load_tiny(cfg) -> ModelAdapter:
     device = _device(cfg.device)
     model.to(device=device, dtype=_dtype(cfg.dtype, device))
     adapter = ModelAdapter(model, ByteTokenizer(), "tiny-llama")
-    # the backend is how the kernels run, not which model: trained parts are shared across backends;
+    # the backend and the execution mode are how the model runs, not which model: trained parts are shared;
     # the keys as given (an optional key left out is not in the key)
-    desc = json.dumps({k: v for k, v in settings.record(cfg).items() if k != "backend"}, sort_keys=True, default=str)
+    desc = json.dumps({k: v for k, v in settings.record(cfg).items() if k not in HOW_IT_RUNS}, sort_keys=True, default=str)
     adapter.key = "tiny-" + hashlib.sha1(desc.encode()).hexdigest()[:12]
     return adapter
 

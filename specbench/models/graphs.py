@@ -16,8 +16,9 @@ head's layer):
 - the attention mask over the whole buffer is built on the device from the length and the
   call's [q, E + q] tree mask (E cached tokens the mask also covers: a draft tree grown one level
   per call), so a step uploads a few integers and a small mask, queued (engine/transfer.py);
-- on CUDA each (layers, skip set, cache, W, E) is captured once, after two warm-up runs on a side
-  stream, into one memory pool per adapter, and replayed; outputs are cloned out of the pool (a
+- on CUDA each (layers, skip set, cache, W, E) is captured at its second call (a key used once,
+  such as one of SWIFT's candidate layer sets, is not worth a capture), after two warm-up runs on
+  a side stream, into one memory pool per adapter, and replayed; outputs are cloned out of the pool (a
   later replay of another graph may reuse its memory). On CPU nothing is captured: the same
   function runs on the same buffers (the tests' path: every method must equal eager AR there).
 """
@@ -55,6 +56,7 @@ class _Entry:
     graph: object | None = None
     epoch: int = 0
     refs: tuple = ()  # the layers and cache its key names by id(): kept alive, so no id is reused
+    uses: int = 0  # calls so far: captured at the second
 
 
 class StaticRunner:
@@ -89,8 +91,11 @@ class StaticRunner:
         self._fill(e, hidden, q, length, positions, tree_mask, extra, extra_w)
         cache.slots = e.slots
         body = lambda: self._body(mods, first, cache, skip, e, width, extra_w)  # noqa: E731
-        if not self.capture or not captured or not cache.allocated(written):
-            e.out = body()  # CPU, a wide call, or the first write into a fresh cache
+        e.uses += 1
+        if not self.capture or not captured or not cache.allocated(written) or e.uses < 2:
+            # CPU, a wide call, the first write into a fresh cache, or a call not seen before: a key
+            # used once (SWIFT's candidate layer sets, scored once each) is never worth a capture
+            e.out = body()
         elif e.graph is None:
             self._capture(e, body)
         else:
@@ -206,7 +211,8 @@ def precapture(adapter) -> int:
     cache = adapter.new_cache()
     adapter.forward([0], cache)  # the buffers' first write, uncaptured
     for width in sorted({bucket(w) for w in range(1, runner.max_width + 1)}, reverse=True):
-        adapter.forward([0] * width, cache)
-        cache.crop(1)
+        for _ in range(2):  # captured at a key's second call
+            adapter.forward([0] * width, cache)
+            cache.crop(1)
     cache.reset()
     return CAPTURES[0] - before

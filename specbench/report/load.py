@@ -67,6 +67,10 @@ def model_identity(config: dict, name: str) -> dict:
     and its weights' identity (hash, hub commit). Runs whose identities differ are never pooled."""
     out = {"model.name": name}
     out |= {k: v for k, v in config.items() if k.startswith("model.") or (k.startswith(WEIGHTS) and not _is_neutral(k))}
+    # eager execution is what every run before model.execution existed did; a graph width matters in graphs only
+    if out.get("model.execution", "eager") == "eager":
+        out.pop("model.execution", None)
+        out.pop("model.graph_max_width", None)
     return out
 
 
@@ -152,28 +156,43 @@ class Run:
         return out
 
     def samples(self) -> list[dict]:
+        """Per sample: from samples.jsonl, or from the summary's per_sample where a lean copy of the run
+        dir (config.json + summary.json: results/leaderboard) has no samples.jsonl."""
         if self._samples is None:
-            self._samples = []
             p = self.path / "samples.jsonl"
+            records = []
             if p.exists():
                 for line in p.read_text().splitlines():
                     try:
-                        r = json.loads(line)
+                        records.append(json.loads(line))
                     except json.JSONDecodeError:
                         continue
-                    self._samples.append(
-                        {
-                            "id": r["id"],
-                            "category": r.get("category"),
-                            "ar_tps": (r.get("ar") or {}).get("tokens_per_s"),
-                            "method_tps": (r.get("method") or {}).get("tokens_per_s"),
-                            "speedup": r.get("speedup"),
-                            "predicted_speedup": r.get("predicted_speedup"),
-                            # for the bootstrap CI of the pooled speedup
-                            "pair": tuple((r.get(k) or {}).get(f) for k in ("ar", "method") for f in ("new_tokens", "wall")),
-                        }
-                    )
+            else:
+                records = self.summary.get("per_sample") or []
+            self._samples = [_sample(r) for r in records]
         return self._samples
+
+
+def _tps(side: dict | None):
+    side = side or {}
+    if side.get("tokens_per_s") is not None:
+        return side["tokens_per_s"]
+    tok, wall = side.get("new_tokens"), side.get("wall")
+    return tok / wall if tok is not None and wall else None
+
+
+def _sample(r: dict) -> dict:
+    ar, m = r.get("ar") or {}, r.get("method") or {}
+    return {
+        "id": r["id"],
+        "category": r.get("category"),
+        "ar_tps": _tps(ar),
+        "method_tps": _tps(m),
+        "speedup": r.get("speedup"),
+        "predicted_speedup": r.get("predicted_speedup"),
+        # for the bootstrap CI of the pooled speedup
+        "pair": tuple(side.get(f) for side in (ar, m) for f in ("new_tokens", "wall")),
+    }
 
 
 def find_runs(dirs, allow_empty: bool = False) -> list[Run]:

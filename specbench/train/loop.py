@@ -9,6 +9,7 @@ import json
 import math
 import random
 import time
+import warnings
 
 import torch
 from torch.nn import functional as F
@@ -307,4 +308,8 @@ def apply_lora(ft: ModelAdapter, structure: dict):
         names.add("lm_head")
     conf = LoraConfig(r=structure["lora_r"], lora_alpha=structure["lora_alpha"],
                       lora_dropout=float(structure.get("lora_dropout", 0.0)), target_modules=sorted(names))
-    return get_peft_model(ft.model, conf)
+    with warnings.catch_warnings():
+        # peft (0.21.2, the newest) reads `model.is_gradient_checkpointing`, which transformers 5.24 deprecates
+        # (FutureWarning: use `is_activation_checkpointing`); not our call, and our copy is never checkpointed
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(ft.model, conf)

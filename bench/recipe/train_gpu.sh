@@ -1,0 +1,30 @@
+#!/bin/bash
+# The recipe at scale on one GPU (session 14 ran it on an NVIDIA H200 lent for ~10 minutes): the same steps as
+# train.sh (self-distilled answers to GSM8K *train* prompts x3 templates + original train answers, the target's
+# greedy labels, its features from one cached prefill), 37x train.sh's sequences and ~67x its optimiser-step
+# tokens: 6000 generated + 1400 original sequences (10% held out), 1000 optimiser steps of 32, lr 1e-3, cosine.
+# EAGLE-3 first, then EAGLE-2 on the same data and the same cached features (a subset of its taps). Hydra++ is not
+# here: its four heads carry their own 49k-row LM heads (a 260 MB float16 artifact, too large to ship).
+#   DEV=cuda bash bench/recipe/train_gpu.sh         # what was run (MODEL=the GGUF's path if not installed)
+# Each trainer's train.max_minutes is only a safety cap for the lent machine's time: a capped run says so in its
+# artifact's settings ("stopped_by"). Publish with PUBLISH=1 (float16 + sha256 + this command, specbench/publish.py).
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+DEV=${DEV:-cuda}
+DATA="model=smollm2-135m model.backend=eager model.device=$DEV train.data.num_prompts=6000 train.data.num_original=1400
+ train.data.max_new_tokens=192 train.data.batch_size=500 train.max_sequences=7400 train.max_len=320 train.batch_size=32
+ train.max_steps=1000 train.lr=1e-3 train.warmup_steps=20 train.checkpoint_every=250 train.eval_every=100"
+LOCAL="${MODEL:+model.path=$MODEL} ${EXTRA:-}"   # where the GGUF is, and a smoke test's smaller budget: not the recipe
+PY=${PY:-python}
+step() {  # NAME CAP_MINUTES ARGS...: train, then publish at once (a later step cut short loses nothing)
+  local name=$1 cap=$2; shift 2
+  echo "== $(date +%T) $name: python $*"
+  $PY "$@" $LOCAL train.max_minutes=$cap || { echo "== $name FAILED"; return 1; }
+  [ "${PUBLISH:-0}" = 1 ] || return 0
+  local ck
+  ck=$(ls -t "${SPECBENCH_CACHE_DIR:-$HOME/.cache/specbench}/$name"/*.safetensors | grep -v resume | head -1)
+  $PY -m specbench.publish "$ck" --command "python $*" && cp "${ck%.safetensors}.log.json" "${OUTDIR:-.}/$name.log.json"
+}
+step eagle3 ${CAP_EAGLE3:-4} -m specbench.train method=eagle3 method.ttt_steps=5 $DATA
+step eagle ${CAP_EAGLE:-2} -m specbench.train method=eagle $DATA
