@@ -197,3 +197,18 @@ def test_the_check_finds_each_kind_of_default(tmp_path):
     )
     found = config_default_reads(tmp_path)
     assert [w.split(":")[1] for w in found] == ["2", "3", "4", "5", "6", "7"], found
+
+
+def test_no_controller_repeats_a_default_of_its_yaml():
+    """A controller's constructor takes its table's keys without defaults: build_controller passes
+    every key of conf/control/<name>.yaml, so a default there could only drift from the YAML."""
+    import inspect
+
+    from specbench.control import CONTROLLERS
+
+    for name, cls in CONTROLLERS.items():
+        keys = {k for k in schema.CONTROLS[name] if k != "name"}
+        params = {n: p for c in cls.__mro__ if "__init__" in vars(c) for n, p in inspect.signature(c.__init__).parameters.items()}
+        defaulted = sorted(k for k in keys if k in params and params[k].default is not inspect.Parameter.empty)
+        assert not defaulted, f"{name}: {defaulted} have defaults in code"
+        assert keys <= set(params), f"{name}: {sorted(keys - set(params))} not taken by its constructor"
