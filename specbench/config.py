@@ -6,7 +6,8 @@ Hydra config through here and runs `validate` once over the result: a bad value 
 `+experiment` presets every combination of the sweep is composed and validated before the first
 job starts, so Hydra's multi-line reports never reach the user.
 
-This module imports nothing of specbench but `errors`: cli, train and skipsearch all import it.
+It imports no torch (the CLI refuses bad input before torch loads); cli, train and skipsearch all
+import it. After `validate`, the entry points read the config as typed settings (specbench/settings.py).
 """
 
 from __future__ import annotations
