@@ -93,6 +93,7 @@ def main() -> None:
 
     from specbench.cli import CONF_DIR
     from specbench.models import load_model
+    from specbench.settings import of
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -101,7 +102,7 @@ def main() -> None:
         print(f"attention call alone, q={q}: " + ", ".join(f"{k} {v:.0f} us" for k, v in costs.items()), flush=True)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"model.backend={args.backend}"])
-    target = load_model(cfg.model)
+    target = load_model(of(cfg).model)
     times = {i: {k: [] for k in KS} for i in IMPLS}
     rel = {i: {k: [] for k in KS} for i in IMPLS[1:]}
     for r in range(args.reps):

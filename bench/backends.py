@@ -24,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -71,11 +72,11 @@ def profile_table(target, k: int = 8, context: int = 200, rows: int = 12) -> str
 
 
 def method_cfg(args):
-    from omegaconf import OmegaConf
+    from specbench.settings import shipped
 
-    if args.method == "vanilla_sd":
-        return OmegaConf.create({"name": "vanilla_sd", "draft": {"source": "truncate", "num_layers": 4, "checkpoint": None}})
-    return OmegaConf.create({"name": args.method, "max_ngram": 3, "min_ngram": 1})
+    if args.method == "vanilla_sd":  # an untrained 4-layer draft
+        return shipped("method", "vanilla_sd", {"draft": {"num_layers": 4, "checkpoint": None}})
+    return shipped("method", args.method)
 
 
 def main() -> None:
@@ -98,14 +99,16 @@ def main() -> None:
     from specbench.engine.sampling import SamplingConfig
     from specbench.methods import build_method
     from specbench.models import apply_backend, load_model
+    from specbench.settings import of, run_values, shipped
     from specbench.tasks import build_task
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["model.backend=eager", f"task.num_samples={args.samples}"])
-    target = load_model(cfg.model)
-    samples = build_task(cfg.task).load()
+    run = of(cfg)
+    target = load_model(run.model)
+    samples = build_task(run.task).load()
     tok = target.tokenizer
     prompts = [tok.encode_chat(s.messages([])) for s in samples]
 
@@ -136,14 +139,14 @@ def main() -> None:
     ar_rel = {b: [] for b in args.backends}
     same = {b: 0 for b in args.backends}
     eos = tok.eos_ids
-    mcfg = method_cfg(args)
-    ctrl = {"name": "fixed", "k": args.k, "k_max": args.k}
+    mcfg, ar_cfg = method_cfg(args), shipped("method", "ar")
+    values = replace(run_values(run), control=shipped("control", "fixed", {"k": args.k}))
     for i, prompt in enumerate(prompts):
         eager_tps = None
         for b in args.backends:
             apply_backend(target.model, b)
-            ar = build_method("ar", target, mcfg, greedy, {"control": ctrl})
-            sd = build_method(args.method, target, mcfg, greedy, {"control": ctrl})
+            ar = build_method("ar", target, ar_cfg, greedy, values)
+            sd = build_method(args.method, target, mcfg, greedy, values)
             ar.generate(prompt[:32], 4, eos, 0)  # warm-up: packing and allocation
             t0 = time.perf_counter()
             a = ar.generate(prompt, args.max_new_tokens, eos, i)

@@ -139,6 +139,7 @@ def main() -> None:
     from specbench.config import CONF_DIR
     from specbench.models import load_model
     from specbench.runner import run
+    from specbench.settings import of
 
     suite = SUITES[args.suite]
     out = Path(args.out)
@@ -152,7 +153,7 @@ def main() -> None:
                 cfg = compose("config", overrides=[f"task={task}", *overrides, *base, f"run_dir={out}/{args.suite}/{task}/{name}"])
             if target is None:
                 torch.set_grad_enabled(False)
-                target = load_model(cfg.model)
+                target = load_model(of(cfg).model)
             try:
                 s = run(cfg, target)
             except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others

@@ -48,13 +48,12 @@ def main() -> None:
 
     from embedded import embedded_model
     from ggml_kernel import median_ms
-    from omegaconf import OmegaConf
-
     from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
+    from specbench.settings import shipped
     from specbench.train.data import build_sequences
 
     target = embedded_model(1, args.backend)
-    train = OmegaConf.load(REPO / "conf" / "train" / "default.yaml")
+    train = shipped("train", "default")
     seqs = build_sequences(target, train.data, os.environ.get("SPECBENCH_DATA_DIR"), int(train.seed))
     ranked = rank_tokens(seqs, target.vocab_size)
     loss = [t for s, st in seqs for t in s[st:]]

@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from omegaconf import OmegaConf
 
 from specbench.cachedir import cache_dir
 from specbench.config import compose
 from specbench.models import load_model
+from specbench.settings import merge, of
 from specbench.train.session import train_model
 
 
@@ -49,14 +49,14 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     user = cache_dir()
-    cfg = compose(["method=eesd", "control=cali_ts", *args.overrides])
+    cfg = of(compose(["method=eesd", "control=cali_ts", *args.overrides]))
     if not args.full_budget:
-        cfg = OmegaConf.merge(cfg, {"train": OmegaConf.to_container(cfg.train.first_use.train, resolve=True)})
+        cfg = merge(cfg, {"train": cfg.train.first_use.train})
     target = load_model(cfg.model)
     rows = []
     for kind in args.kinds:
         os.environ["SPECBENCH_CACHE_DIR"] = str(private_cache(user))
-        run = OmegaConf.merge(cfg, {"train": {"feature_cache": None if kind == "null" else kind}})
+        run = merge(cfg, {"train": {"feature_cache": None if kind == "null" else kind}})
         t0 = time.monotonic()
         out = train_model(run, target)
         rows.append((kind, time.monotonic() - t0, out))

@@ -16,12 +16,13 @@ from specbench.cli import CONF_DIR
 from specbench.control.cali_ts import CaliPredictor
 from specbench.methods.eesd import load_early_exit
 from specbench.models import load_model
+from specbench.settings import of
 from specbench.train import loop, trainers
 from specbench.train.data import build_sequences
 
 n_train, n_held, out_dir = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-    cfg = compose("config", overrides=["method=eesd", "model=smollm2-135m", *sys.argv[4:]])
+    cfg = of(compose("config", overrides=["method=eesd", "model=smollm2-135m", *sys.argv[4:]]))
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)
 target = load_model(cfg.model)

@@ -5,7 +5,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specbench.config import compose  # noqa: E402
 from specbench.runner import aggregate  # noqa: E402
+from specbench.settings import of  # noqa: E402
 
 print("| task | run | samples | speedup | v_d | r_d | HM | tau | =AR |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -19,7 +21,7 @@ for d in sys.argv[1:]:
                 pass
         if not recs:
             continue
-        s = aggregate(recs, None, per_category=False)
+        s = aggregate(recs, None, of(compose([])).measure.ci, per_category=False)
         a = s.get("acceptance") or {}
         fmt = lambda x, p=".3f": "-" if x is None else format(x, p)  # noqa: E731
         print(f"| {f.parent.parent.name} | {f.parent.name} ({Path(d).name}) | {s['samples']} | {fmt(s['speedup'], '.2f')} | "

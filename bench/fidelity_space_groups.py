@@ -16,16 +16,17 @@ from specbench.engine.tree import space_indices, space_layout
 from specbench.methods import build_method
 from specbench.methods.space import MASK
 from specbench.models import load_model
+from specbench.settings import of, run_values
 from specbench.engine.sampling import SamplingConfig
 from specbench.train.data import build_sequences
 
 n_prompts, n_new = int(sys.argv[1]), int(sys.argv[2])
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-    cfg = compose("config", overrides=["method=space", "model=smollm2-135m", *sys.argv[3:]])
+    cfg = of(compose("config", overrides=["method=space", "model=smollm2-135m", *sys.argv[3:]]))
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)
 target = load_model(cfg.model)
-m = build_method("space", target, cfg.method, SamplingConfig(), {})
+m = build_method("space", target, cfg.method, SamplingConfig(), run_values(cfg))
 k = m.k
 seqs = build_sequences(target, cfg.train.data, os.environ["SPECBENCH_DATA_DIR"], int(cfg.train.seed))
 rules = {r: space_layout(k, 1, r) for r in ("group", "eq6")}

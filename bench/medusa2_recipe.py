@@ -27,6 +27,14 @@ from specbench.summary import aggregate
 from specbench.table import markdown
 
 
+
+def default_ci():
+    """conf/config.yaml's measure.ci (the runner's own, for a run stopped before its summary)."""
+    from specbench.config import compose
+    from specbench.settings import of
+
+    return of(compose([])).measure.ci
+
 def _f(x, spec=".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -71,7 +79,7 @@ def run_summary(run: Path) -> tuple[dict, str] | None:
     if not records:
         return None
     want = OmegaConf.load(run / "config.yaml").task.num_samples  # config.json (the fingerprint) leaves it out
-    return aggregate(records, None), f" (partial: {len(records)} of {want} samples)"
+    return aggregate(records, None, default_ci()), f" (partial: {len(records)} of {want} samples)"
 
 
 def main() -> None:

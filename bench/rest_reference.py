@@ -130,15 +130,17 @@ def main() -> None:
     from specbench.methods import build_method
     from specbench.models import load_model
     from specbench.engine.sampling import SamplingConfig
+    from specbench.settings import of, run_values
     from specbench.tasks import build_task
 
     run = Path(args.run)
-    cfg = OmegaConf.load(run / "config.yaml")
+    recorded = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=True)
+    # a run made before `method.cut` existed used the node cut (all num_draft prefixes kept)
+    recorded["method"] = {"cut": "nodes"} | recorded["method"]
+    cfg = of(recorded)
     torch.set_grad_enabled(False)
     target = load_model(cfg.model)
-    # a run made before `method.cut` existed used the node cut (all num_draft prefixes kept)
-    method_cfg = OmegaConf.merge({"cut": "nodes"}, cfg.method)
-    m = build_method("rest", target, method_cfg, SamplingConfig(), {"cfg": cfg})
+    m = build_method("rest", target, cfg.method, SamplingConfig(), run_values(cfg))
     samples = {s.id: s for s in build_task(cfg.task).load()}
     recs = [json.loads(line) for line in open(run / "samples.jsonl")]
 

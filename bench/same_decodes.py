@@ -35,16 +35,23 @@ def dump(path: str, samples: int, max_new: int) -> None:
     from specbench.models import load_model
     from specbench.tasks import build_task
 
+    try:  # typed settings (specbench/settings.py); a revision from before them: the config nodes themselves
+        from specbench.settings import of, run_values
+    except ImportError:
+        of, run_values = None, None
+
     torch.set_num_threads(1)
     cfg = compose(["task=gsm8k", f"task.num_samples={samples}"])
+    cfg = of(cfg) if of else cfg
     target = load_model(cfg.model)
     prompts = [target.tokenizer.encode_chat(s.messages([])) for s in build_task(cfg.task).load()]
     out = {}
     for name, overrides in RUNS:
         for temp in (0.0, 0.7):
             c = compose(["task=gsm8k", *overrides, f"sampling.temperature={temp}"])
-            m = build_method(c.method.name, target, c.method, SamplingConfig.from_cfg(c.sampling),
-                             {"control": c.get("control"), "cfg": c})
+            values = run_values(of(c)) if of else {"control": c.get("control"), "cfg": c}
+            c = of(c) if of else c
+            m = build_method(c.method.name, target, c.method, SamplingConfig.from_cfg(c.sampling), values)
             res = []
             for i, p in enumerate(prompts):
                 g = m.generate(p, max_new, target.tokenizer.eos_ids, 100 + i)

@@ -46,14 +46,17 @@ def partial_summary(run_dir: Path) -> dict:
     """A run stopped before its last sample (bench cells are time-boxed) has no summary.json: the
     runner's own aggregation over the samples it finished (nothing in them is partial: each line is
     one finished sample)."""
+    from specbench.config import compose
     from specbench.interference import shared_cores
+    from specbench.settings import merge, of
     from specbench.summary import aggregate
 
     records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     costs_file = run_dir / "forward_costs.json"
     costs = {int(k): v for k, v in json.loads(costs_file.read_text()).items()} if costs_file.is_file() else None
-    measure = json.loads((run_dir / "config.json").read_text()).get("measure") or {}
-    s = aggregate(records, costs, ci=measure.get("ci"))
+    # the run's recorded measure group over conf/config.yaml's (a run recorded before a key existed)
+    measure = merge(of(compose([])).measure, json.loads((run_dir / "config.json").read_text()).get("measure") or {})
+    s = aggregate(records, costs, measure.ci)
     s["shared_cores"] = shared_cores(records, measure)
     return s
 

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -28,17 +27,15 @@ sys.path.insert(0, str(REPO))
 from specbench.engine.sampling import SamplingConfig  # noqa: E402
 from specbench.methods import build_method  # noqa: E402
 from specbench.models import load_model  # noqa: E402
+from specbench.settings import RunValues, shipped  # noqa: E402
 
-METHODS = {
-    "vanilla_sd": {"name": "vanilla_sd", "draft": {"source": "truncate", "num_layers": 1, "checkpoint": None}},
-    "pld": {"name": "pld", "max_ngram": 3, "min_ngram": 1},
-}
+# what differs from conf/method/<name>.yaml: an untrained one-layer draft
+METHODS = {"vanilla_sd": {"draft": {"num_layers": 1, "checkpoint": None}}}
 
 
 def build(name: str, target, mode: str):
-    cfg = OmegaConf.create(METHODS.get(name, {"name": name}))
-    ctx = {"control": {"name": "fixed", "k": 4, "k_max": 4}, "cfg": {"timing": mode}}
-    return build_method(name, target, cfg, SamplingConfig(), ctx)
+    values = RunValues(mode, shipped("control", "fixed", {"k": 4}), None, target.name, None)
+    return build_method(name, target, shipped("method", name, METHODS.get(name, {})), SamplingConfig(), values)
 
 
 def tok_per_s(m, prompts, max_new, eos) -> float:
@@ -61,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    target = load_model(OmegaConf.load(REPO / "conf" / "model" / f"{args.model}.yaml"))
+    target = load_model(shipped("model", args.model))
     tok = target.tokenizer
     texts = [f"Question {i}: list the numbers from {i} to {i + 9}, then list them again." for i in range(args.prompts)]
     prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]

@@ -23,6 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.methods.pld import lookup as native_rule
+from specbench.settings import of
 from specbench.tasks import build_task
 from specbench.vllm_engine.convert import load_tokenizer
 
@@ -76,8 +77,8 @@ def main() -> None:
     k, hi, lo = spec["num_speculative_tokens"], spec["prompt_lookup_max"], spec["prompt_lookup_min"]
     ncfg = OmegaConf.load(a.native / "config.yaml")
     assert (ncfg.control.k, ncfg.method.max_ngram, ncfg.method.min_ngram) == (k, hi, lo), "the native run's settings differ"
-    samples = build_task(cfg.task).load()
-    tok = load_tokenizer(cfg.model)
+    samples = build_task(of(cfg).task).load()
+    tok = load_tokenizer(of(cfg).model)
     prompts = {s.id: tok.encode_chat(s.messages([])) for s in samples}
 
     v = next(json.loads(x) for x in (a.vllm / "samples.jsonl").read_text().splitlines() if json.loads(x)["batch_size"] == 1)

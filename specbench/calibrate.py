@@ -30,7 +30,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from specbench.config import CONF_DIR, check_choices, fail
+from specbench import settings
+from specbench.artifacts import cache_dir
+from specbench.config import CONF_DIR, check_choices, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
 from specbench.errors import SpecBenchError
@@ -38,7 +40,6 @@ from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
 from specbench.profiling import profile_forward
 from specbench.runner import environment
-from specbench.artifacts import cache_dir
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -78,9 +79,10 @@ def repeatability(target: ModelAdapter, context: int, workload: int, repeats: in
 
 
 def draft_cost(target: ModelAdapter, cfg, t1: float, tokens: int) -> dict:
-    """The method's draft seconds per drafted token over a short greedy generation (median of 3)."""
+    """The method's draft seconds per drafted token over a short greedy generation (median of 3);
+    `cfg`: the run's settings."""
     try:
-        method = build_method(cfg.method.name, target, cfg.method, SamplingConfig(), {"control": cfg.get("control"), "cfg": cfg})
+        method = build_method(cfg.method.name, target, cfg.method, SamplingConfig(), settings.run_values(cfg))
     except SpecBenchError as e:
         return {"method": cfg.method.name, "skipped": str(e)}
     prompt = [(5 * i + 1) % target.vocab_size for i in range(int(cfg.profile.context))]
@@ -96,13 +98,15 @@ def draft_cost(target: ModelAdapter, cfg, t1: float, tokens: int) -> dict:
 
 
 def calibrate(cfg, args) -> tuple[dict, Path]:
-    if cfg.get("threads"):
+    """`cfg`: the composed config, validated here and read as its settings."""
+    validate(cfg)
+    cfg = settings.of(cfg)
+    if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.set_grad_enabled(False)
     target = load_model(cfg.model)
     p = cfg.profile
-    prof = profile_forward(target, list(p.ks), int(p.context), int(p.reps), float(p.get("tolerance", 0.1)),
-                           int(p.get("max_remeasure", 2)))
+    prof = profile_forward(target, list(p.ks), int(p.context), int(p.reps), float(p.tolerance), int(p.max_remeasure))
     quiet = repeatability(target, int(p.context), args.workload, args.repeats)
     quiet |= {"max_cv": args.max_cv, "quiet": quiet["cv"] is not None and quiet["cv"] <= args.max_cv}
     dtype, device = str(target.dtype).replace("torch.", ""), str(target.device)

@@ -6,7 +6,8 @@ Hydra config through here and runs `validate` once over the result: a bad value 
 `+experiment` presets every combination of the sweep is composed and validated before the first
 job starts, so Hydra's multi-line reports never reach the user.
 
-This module imports nothing of specbench but `errors`: cli, train and skipsearch all import it.
+It imports no torch (the CLI refuses bad input before torch loads); cli, train and skipsearch all
+import it. After `validate`, the entry points read the config as typed settings (specbench/settings.py).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from specbench import bounds, modelinfo, schema
+from specbench import bounds, modelinfo, schema, settings
 from specbench.errors import SpecBenchError, bad_value, show_value
 from specbench.rundir import check_run_dir
+from specbench.settings import CONF_DIR
 from specbench.vllm_engine.hooks import engine_rules, method_configs, method_options
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("method", "task", "model", "control", "experiment", "engine")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_COMBINATIONS = 256  # beyond: each swept value once, the other keys at their first value
@@ -168,12 +169,7 @@ def _get(cfg, key: str):
 _show, _bad = show_value, bad_value
 
 
-def check_value(key: str, value, spec: schema.Key) -> None:
-    if spec.type == "str" and spec.choices and value is not None:
-        if value not in spec.choices:
-            raise SpecBenchError(f"unknown {key} {value!r}; allowed: {', '.join(sorted(map(str, spec.choices)))}")
-    elif not spec.accepts(value):
-        raise _bad(key, value, spec.allowed())
+check_value = schema.check
 
 
 def check_values(values: dict, table: dict) -> None:
@@ -276,7 +272,7 @@ def resources(cfg) -> None:
     depths within the model, every method's and controller's sizes within its vocabulary, context
     and memory (specbench/bounds.py), profile sizes within its context and the memory there is, a
     tiny model's weights within the memory there is."""
-    if _get(cfg, "model") is ABSENT or (shape := modelinfo.model_shape(cfg.model)) is None:
+    if _get(cfg, "model") is ABSENT or (shape := modelinfo.model_shape(settings.group("model", cfg.model))) is None:
         return
     of = f"the model {shape.name}"
     n_layers, draft_layers = _get(cfg, "method.n_layers"), _get(cfg, "method.draft.num_layers")

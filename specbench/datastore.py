@@ -214,10 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", nargs="+", required=True, help="path.jsonl:field[,field] or text files")
     ap.add_argument("--data-dir", default=os.environ.get("SPECBENCH_DATA_DIR"))
     args = ap.parse_args(argv)
-    from omegaconf import OmegaConf
-
-    from specbench.config import CONF_DIR
     from specbench.models import load_model
+    from specbench.settings import CONF_DIR, shipped
 
     try:
         conf = CONF_DIR / "model" / f"{args.model}.yaml"
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SpecBenchError(f"unknown model {args.model!r}; allowed: {', '.join(names)}")
         specs = [parse_spec(c, args.data_dir) for c in args.corpus]  # bad paths fail before the model loads
         del specs
-        target = load_model(OmegaConf.load(conf))
+        target = load_model(shipped("model", args.model))
         ds, path = load_or_build(args.model, target.tokenizer, args.corpus, args.data_dir)
     except SpecBenchError as e:
         print(f"specbench: error: {e}", file=sys.stderr)

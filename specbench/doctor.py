@@ -127,28 +127,27 @@ SYNC_METHODS = ["ar", "pld", "suffix", "eagle3", "eagle", "eesd", "medusa"]
 
 
 def model_cfg(name: str, device: str):
-    from omegaconf import OmegaConf
+    """The model's settings: conf/model/<name>.yaml, or conf/model/hf.yaml with id=name."""
+    from specbench import settings
 
-    f = CONF_DIR / "model" / f"{name}.yaml"
-    cfg = OmegaConf.load(f) if f.is_file() else OmegaConf.merge(OmegaConf.load(CONF_DIR / "model" / "hf.yaml"), {"id": name})
     over = {"device": device}
     if device == "cuda":
         over["backend"] = "eager"  # the CPU kernels (ggml, mkldnn, ...) do not apply on a GPU
-    return OmegaConf.merge(cfg, over)
+    if (CONF_DIR / "model" / f"{name}.yaml").is_file():
+        return settings.shipped("model", name, over)
+    return settings.shipped("model", "hf", {"id": name}, over)
 
 
 def gsm8k_prompts(target, n: int) -> tuple[list[list[int]], str]:
     """The first n GSM8K test questions as chat prompts: from SPECBENCH_DATA_DIR, else the few the
     tests ship (tests/data, enough for the doctor on a machine without the data)."""
-    from omegaconf import OmegaConf
-
+    from specbench.settings import shipped
     from specbench.tasks import build_task
 
     data = os.environ.get("SPECBENCH_DATA_DIR", "")
     if not (Path(data) / "gsm8k" / "test.jsonl").is_file():
         data = str(REPO / "tests" / "data")
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / "gsm8k.yaml"), {"num_samples": None, "data_dir": data})
-    samples = build_task(cfg).load()[:n]
+    samples = build_task(shipped("task", "gsm8k", {"num_samples": None, "data_dir": data})).load()[:n]
     return [target.tokenizer.encode_chat(s.messages([])) for s in samples], data
 
 

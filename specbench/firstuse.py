@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from specbench import settings
 from specbench.artifacts import checkpoint_meta, trained_summary
 from specbench.errors import SpecBenchError
 from specbench.train.parts import Part
@@ -27,9 +26,10 @@ from specbench.train.session import FIRST_USE, train_model
 
 
 def small_enough(cfg, target) -> bool:
+    """`cfg`: the run's settings (specbench/settings.py), here and below."""
     fcfg = cfg.train.first_use
     n = sum(p.numel() for p in target.model.parameters())
-    return cfg.model.get("loader") in list(fcfg.loaders) and n <= float(fcfg.max_params)
+    return cfg.model.loader in list(fcfg.loaders) and n <= float(fcfg.max_params)
 
 
 def missing_parts(cfg, target) -> list[Part]:
@@ -40,23 +40,25 @@ def missing_parts(cfg, target) -> list[Part]:
 def ensure_trained(cfg, target) -> list[Part]:
     """Train what the method needs and is missing, if allowed; returns what was trained."""
     missing = missing_parts(cfg, target)
-    if not missing or not cfg.method.get("train_if_missing", True) or not small_enough(cfg, target):
+    # SAM-Decoding has no train_if_missing of its own: its auxiliary's parts read the auxiliary's (train/samd.py)
+    refused = settings.has(cfg.method, "train_if_missing") and not cfg.method.train_if_missing
+    if not missing or refused or not small_enough(cfg, target):
         return []  # the method reports what is missing, with the command to train it
     fcfg = cfg.train.first_use
-    budget = OmegaConf.merge(cfg, {"train": OmegaConf.to_container(fcfg.train, resolve=True)})
+    budget = settings.merge(cfg, {"train": fcfg.train})
     done: set[str] = set()
     for part in missing:
         if part.key in done:
             continue
         done.add(part.key)
         what = " + ".join(p.what for p in missing if p.key == part.key)
-        minutes = part.minutes(fcfg)
+        minutes = part.minutes(budget)
         up_to = f"up to ~{minutes:.0f} min" if minutes is not None else "the estimate follows"
         print(f"specbench: training {what} for {cfg.model.name}, once, {up_to} "
               f"(first use; budget train.first_use, method.train_if_missing=false to skip); cached at {part.path}",
               file=sys.stderr, flush=True)
         start = time.monotonic()
-        run = budget if part.method is None else OmegaConf.merge(budget, {"method": None}, {"method": part.method})
+        run = budget if part.method is None else settings.with_group(budget, "method", part.method)
         if isinstance(part.train, str):
             train_model(run, target, part.train)
         else:

@@ -145,8 +145,8 @@ def measure_load(fn: Callable[[], T]) -> tuple[T, dict]:
                  "cpus": cpus, "foreign_s": None if foreign is None else round(foreign, 4)}
 
 
-# thresholds of the whole-run check; conf/config.yaml's measure group sets them (these: its values)
-SHARED_DEFAULTS = {"max_load_per_core": 1.0, "min_cpu_per_thread": 0.5, "max_foreign_share": 0.1}
+# thresholds of the whole-run check, keys of conf/config.yaml's measure group
+THRESHOLDS = ("max_load_per_core", "min_cpu_per_thread", "max_foreign_share")
 
 
 def _median(values) -> float | None:
@@ -154,10 +154,10 @@ def _median(values) -> float | None:
     return statistics.median(values) if values else None
 
 
-def shared_cores(records: list[dict], measure: dict | None = None, on_cpu: bool = True) -> dict | None:
+def shared_cores(records: list[dict], measure, on_cpu: bool = True) -> dict | None:
     """Did other work share this run's cores? From the per-system load of every sample (None:
-    the records carry none, e.g. runs recorded before it was kept)."""
-    c = SHARED_DEFAULTS | {k: v for k, v in dict(measure or {}).items() if k in SHARED_DEFAULTS}
+    the records carry none, e.g. runs recorded before it was kept); `measure`: the run's measure settings."""
+    c = {k: getattr(measure, k) for k in THRESHOLDS}
     loads = {key: [r[key]["load"] for r in records if (r.get(key) or {}).get("load")] for key in SYSTEMS}
     every = loads["ar"] + loads["method"]
     if not every:

@@ -63,19 +63,19 @@ def available_bytes() -> int | None:
 
 
 def model_shape(model) -> Shape | None:
-    """The shape of the model a `model` config node names; None when it cannot be read cheaply
+    """The shape of the model its settings name; None when it cannot be read cheaply
     (the loader then reports what is wrong with it)."""
-    loader = model.get("loader")
+    loader = model.loader
     try:
         if loader == "tiny":
             return Shape("tiny-llama", int(model.num_layers), int(model.hidden_size), int(model.num_heads),
                          int(model.num_kv_heads), int(model.intermediate_size), TINY_VOCAB, TINY_CONTEXT,
-                         bool(model.get("tie_embeddings", True)))
+                         bool(model.tie_embeddings))
         if loader == "gguf":
             path = gguf_file(model)
             return _gguf_shape_once(str(path), path.stat().st_size, path.stat().st_mtime_ns) if path else None
-        if loader == "hf" and model.get("id"):
-            path = hf_config_file(str(model.id), model.get("revision"))
+        if loader == "hf" and model.id:
+            path = hf_config_file(str(model.id), model.revision)
             return hf_shape(json.loads(path.read_text()), str(model.id)) if path else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None
@@ -106,7 +106,7 @@ def hf_shape(c: dict, name: str) -> Shape:
 # ------------------------------------------------------------------------------ GGUF header
 def gguf_file(model) -> Path | None:
     """Where the loader (models.gguf_path) finds the file; None when it is not there."""
-    if model.get("path"):
+    if model.path:
         p = Path(str(model.path)).expanduser()
     else:
         spec = importlib.util.find_spec(str(model.package))

@@ -82,17 +82,17 @@ def path_digest(path) -> dict:
 
 
 def model_provenance(model_cfg, adapter) -> dict:
-    """The weights' identity for `model_cfg` as loaded into `adapter`."""
-    loader = model_cfg.get("loader")
+    """The weights' identity for `model_cfg` (model settings) as loaded into `adapter`."""
+    loader = model_cfg.loader
     if loader == "gguf":
         from specbench.models import gguf_path
 
         return path_digest(gguf_path(model_cfg))
     if loader == "hf":
-        local = Path(str(model_cfg.get("id"))).expanduser()
+        local = Path(str(model_cfg.id)).expanduser()
         if local.exists():
             return path_digest(local)
-        return {"id": str(model_cfg.get("id")), "commit": _hub_commit(model_cfg)}
+        return {"id": str(model_cfg.id), "commit": _hub_commit(model_cfg)}
     return {"key": getattr(adapter, "key", None)}  # tiny: built from the seed and shape in the config
 
 
@@ -101,7 +101,7 @@ def _hub_commit(model_cfg) -> str | None:
     try:
         from huggingface_hub import snapshot_download
 
-        path = snapshot_download(str(model_cfg.get("id")), revision=model_cfg.get("revision"), local_files_only=True)
+        path = snapshot_download(str(model_cfg.id), revision=model_cfg.revision, local_files_only=True)
         return Path(path).name
     except Exception:  # noqa: BLE001 - not cached as a snapshot: the id and revision are all we know
         return None
@@ -136,12 +136,13 @@ def artifact_provenance(settings: dict, describe: dict, inputs: dict | None = No
     return out
 
 
-def run_provenance(cfg, target, method) -> dict:
-    from omegaconf import OmegaConf
+def run_provenance(run, target, method) -> dict:
+    """`run`: the run's settings (specbench/settings.py)."""
+    from specbench.settings import record
 
-    settings = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("method", "control") if cfg.get(g) is not None}
-    return {"model": model_provenance(cfg.model, target),
-            "artifacts": artifact_provenance(settings, method.describe(), method.inputs())}
+    given = {g: record(getattr(run, g)) for g in ("method", "control")}
+    return {"model": model_provenance(run.model, target),
+            "artifacts": artifact_provenance(given, method.describe(), method.inputs())}
 
 
 def _short(entry: dict | None) -> str:

@@ -9,13 +9,15 @@ seven methods in two modes must fit a few minutes of a lent GPU.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import OmegaConf
 
-from specbench.config import CONF_DIR
+from specbench import schema, settings
+from specbench.config import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.models.graphs import precapture
 
@@ -55,7 +57,19 @@ class Tally:
 
 
 def method_config(name: str, overrides: dict):
-    return OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / f"{name}.yaml"), {"allow_untrained": True}, overrides)
+    """conf/method/<name>.yaml's settings, an untrained part allowed where the method has one."""
+    untrained = {"allow_untrained": True} if "allow_untrained" in schema.METHODS.get(name, {}) else {}
+    return settings.shipped("method", name, untrained, overrides)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_values() -> settings.RunValues:
+    return settings.run_values(settings.of(compose(["control=fixed"])))
+
+
+def run_values(target) -> settings.RunValues:
+    """What the methods read of a run: conf/config.yaml's (control=fixed, K=10), for this model."""
+    return dataclasses.replace(_default_values(), model_name=target.name)
 
 
 def trained_note(m) -> str:
@@ -71,7 +85,7 @@ def build_one(target, name: str, over: dict, untrained: dict | None = None):
     note = ""
     for attempt in [over] + ([over | untrained[name]] if name in (untrained or {}) else []):
         try:
-            m = build_method(name, target, method_config(name, attempt), SamplingConfig())
+            m = build_method(name, target, method_config(name, attempt), SamplingConfig(), run_values(target))
             return m, trained_note(m)
         except Exception as e:  # noqa: BLE001 - one method's failure must not hide the others'
             note = f"not built: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
@@ -90,7 +104,7 @@ def run_mode(target, mode: str, methods: dict, prompts: list[list[int]], max_new
         target.static_capacity = -(-(max(map(len, prompts)) + max_new + 2 * max_width) // 64) * 64
         precapture(target)
     greedy, eos = SamplingConfig(), target.tokenizer.eos_ids
-    built, out = {"ar": build_method("ar", target, method_config("ar", {}), greedy)}, {"ar": Tally()}
+    built, out = {"ar": build_method("ar", target, method_config("ar", {}), greedy, run_values(target))}, {"ar": Tally()}
     for name, over in methods.items():
         m, note = build_one(target, name, over, untrained)
         out[name] = Tally(note=note)

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
+from specbench import settings
 from specbench.bounds import check_widths
 from specbench.config import validate
 from specbench.cpuinfo import cpuinfo_field
@@ -141,17 +142,18 @@ def summarize_system(gens: list[Generation]) -> dict:
     return rec
 
 
-def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tokenizer, cfg, costs,
+def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tokenizer, rs, costs,
                base: Method | None = None, max_new: int | None = None) -> dict:
-    """`base`: AR on the original weights, for methods that change them (SPACE): its quality
-    shows what the fine-tuning cost; it takes no part in speedup or losslessness."""
-    seed = int(cfg.seed) + index
+    """`rs`: the run's settings (its seed and max_new_tokens); `base`: AR on the original weights, for
+    methods that change them (SPACE): its quality shows what the fine-tuning cost; it takes no part
+    in speedup or losslessness."""
+    seed = int(rs.seed) + index
     order = [("ar", ar), ("method", method)] if index % 2 == 0 else [("method", method), ("ar", ar)]
     if base is not None:
         order.append(("base", base))
     results = {}
     for key, m in order:
-        generate = lambda: run_generation(m, sample, tokenizer, max_new or int(cfg.max_new_tokens), seed)  # noqa: E731
+        generate = lambda: run_generation(m, sample, tokenizer, max_new or int(rs.max_new_tokens), seed)  # noqa: E731
         (gens, replies), load = measure_load(generate)
         rec = summarize_system(gens)
         rec["load"] = load  # per system: whether this system's time shared the cores (shared_cores)
@@ -175,39 +177,41 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
 
 @torch.no_grad()  # restores the caller's grad mode on return (in-process callers may train next)
 def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
-    """One benchmark run. `target`: an already loaded model for cfg.model (benchmarks that run
-    several methods load it once)."""
+    """One benchmark run of the composed config `cfg` (validated here, then read as its typed
+    settings, specbench/settings.py; `cfg` itself is only recorded: config.yaml, the fingerprint).
+    `target`: an already loaded model for cfg.model (benchmarks that run several methods load it once)."""
     validate(cfg)
-    check_mode(str(cfg.get("timing", "fine")))
-    check_backend(cfg.model.get("backend"))  # before the run dir is written
-    check_run_dir(cfg.get("run_dir"))  # a bad path is refused before the model is loaded (again when opened)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
-    task = build_task(cfg.task)
+    rs = settings.of(cfg)
+    check_mode(str(rs.timing))
+    check_backend(rs.model.backend)  # before the run dir is written
+    check_run_dir(rs.run_dir)  # a bad path is refused before the model is loaded (again when opened)
+    if rs.threads:
+        torch.set_num_threads(int(rs.threads))
+    task = build_task(rs.task)
     samples = task.load()
-    target = target or load_model(cfg.model)
-    size_static_caches(target, samples, int(cfg.max_new_tokens))  # execution=graphs: before any cache exists
-    ensure_trained(cfg, target)  # a missing trained part of a small model: train it once, now
-    sampling = SamplingConfig.from_cfg(cfg.sampling)
-    ctx = {"control": cfg.get("control"), "cfg": cfg}
-    method = build_method(cfg.method.name, target, cfg.method, sampling, ctx)
+    target = target or load_model(rs.model)
+    size_static_caches(target, samples, int(rs.max_new_tokens))  # execution=graphs: before any cache exists
+    ensure_trained(rs, target)  # a missing trained part of a small model: train it once, now
+    sampling = SamplingConfig.from_cfg(rs.sampling)
+    values = settings.run_values(rs)
+    method = build_method(rs.method.name, target, rs.method, sampling, values)
     # SPACE changes the weights: its lossless reference is AR on the fine-tuned model
     ar_target = method.finetuned_adapter or target
-    ar = build_method("ar", ar_target, cfg.method, sampling, ctx)
-    max_new = check_context(samples, target, int(cfg.max_new_tokens))
+    ar = build_method("ar", ar_target, settings.shipped("method", "ar"), sampling, values)
+    max_new = check_context(samples, target, int(rs.max_new_tokens))
     # the built method's own widths (a tree from a file, a template cut) within the loaded model's context
-    check_widths(method.verify_widths(), cfg.method.name, target.context_length,
-                 int(cfg.profile.context) if cfg.profile.enabled else None)
+    check_widths(method.verify_widths(), rs.method.name, target.context_length,
+                 int(rs.profile.context) if rs.profile.enabled else None)
     # the weights' and trained artifacts' hashes join the fingerprint: a resumption against others is refused
-    provenance = run_provenance(cfg, target, method)
+    provenance = run_provenance(rs, target, method)
     # only now, with everything validated, is anything written to disk
-    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)), provenance)
+    run_dir = RunDir(Path(rs.run_dir), cfg, bool(rs.overwrite), provenance)
     meta = {
-        "method": cfg.method.name,
+        "method": rs.method.name,
         "controller": getattr(getattr(method, "controller", None), "name", None),
-        "task": cfg.task.name,
+        "task": rs.task.name,
         "task_notes": task.notes(),
-        "model": cfg.model.name,
+        "model": rs.model.name,
         "model_key": getattr(ar_target, "key", None),
         "baseline_weights": method.baseline_weights,
         "dtype": str(target.dtype).replace("torch.", ""),
@@ -216,7 +220,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         "execution": target.execution,
         "lossless": method.lossless,
         "method_settings": method.describe(),
-        "sampling": OmegaConf.to_container(cfg.sampling),
+        "sampling": settings.record(rs.sampling),
         "max_new_tokens": max_new,
         "env": environment(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -231,12 +235,11 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
             warm = samples[0]
             prompt = target.tokenizer.encode_chat(warm.messages([]))
             meta["graphs_precaptured"] = precapture(target) + (precapture(ar_target) if ar_target is not target else 0)
-            warm_up([ar, method], prompt, int(cfg.get("warmup_tokens", 8)), target.tokenizer.eos_ids)
-            if cfg.profile.enabled:
-                p = cfg.profile
+            warm_up([ar, method], prompt, int(rs.warmup_tokens), target.tokenizer.eos_ids)
+            if rs.profile.enabled:
+                p = rs.profile
                 ks = sorted(set(p.ks) | set(method.verify_widths()))  # a tree's width is a T(k) it pays
-                prof = profile_forward(ar_target, ks, int(p.context), int(p.reps),
-                                       float(p.get("tolerance", 0.1)), int(p.get("max_remeasure", 2)))
+                prof = profile_forward(ar_target, ks, int(p.context), int(p.reps), float(p.tolerance), int(p.max_remeasure))
                 costs = prof.costs
                 run_dir.write("forward_costs.json", json.dumps(costs))
                 run_dir.write("profile.json", json.dumps(prof.to_json()))
@@ -246,20 +249,20 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         if costs and (profile := run_dir.read_profile()):
             meta["profile"] = profile
 
-        base_ar = build_method("ar", target, cfg.method, sampling, ctx) if ar_target is not target else None
-        bar = tqdm(todo, desc=f"{cfg.method.name} vs ar on {cfg.task.name}", unit="sample", disable=not cfg.get("progress", True))
-        measure = cfg.get("measure") or {}
-        history = StepHistory(int(measure.get("min_samples", 2)))
+        base_ar = build_method("ar", target, ar.cfg, sampling, values) if ar_target is not target else None
+        bar = tqdm(todo, desc=f"{rs.method.name} vs ar on {rs.task.name}", unit="sample", disable=not rs.progress)
+        measure = rs.measure
+        history = StepHistory(int(measure.min_samples))
         for r in done.values():  # a resumed run judges its next samples against the finished ones
             history.add(r)
         for index, sample in bar:
-            rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, cfg, costs, base_ar, max_new),
-                              history, float(measure.get("spike_factor", 1.5)), int(measure.get("max_retries", 2)))
+            rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, rs, costs, base_ar, max_new),
+                              history, float(measure.spike_factor), int(measure.max_retries))
             run_dir.append(rec)
             bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
         done = run_dir.done()
         records = [done[s.id] for s in samples if s.id in done]
-        summary = aggregate(records, costs, ci=measure.get("ci"))
+        summary = aggregate(records, costs, measure.ci)
         if target.execution == "graphs":  # a capture inside a timed generation costs its sample ~3 forwards
             summary["graph_captures_timed"] = sum(r[k].get("graph_captures", 0) for r in records for k in ("ar", "method"))
         if contention := shared_cores(records, measure, on_cpu=target.device.type == "cpu"):

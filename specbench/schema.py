@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specbench.errors import SpecBenchError, bad_value
+
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes < 2**64; per-sample seeds add the sample index
 THREADS_MAX = 1024
 RESAMPLES_MAX = 1_000_000  # a bootstrap keeps resamples x samples indices in memory
@@ -32,7 +34,8 @@ class Key:
     item: Key | None = None         # list: each item's type
     empty: bool = False             # str: "" allowed; list: [] allowed
     table: dict = field(default_factory=dict, hash=False)  # table: a nested table (train.first_use.train)
-    optional: bool = False          # read by the code with a default, not shipped in conf/
+    optional: bool = False          # not shipped in conf/ (a test or library knob): reads as `absent` when not given
+    absent: object = None           # optional keys only: the value settings give it when not given
 
     def allowed(self) -> str:
         """What the key takes, in words, for the error line."""
@@ -74,6 +77,15 @@ class Key:
         if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
             return False
         return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+
+
+def check(key: str, value, spec: Key) -> None:
+    """`value` for `key` against `spec`; a SpecBenchError naming both and what is allowed."""
+    if spec.type == "str" and spec.choices and value is not None:
+        if value not in spec.choices:
+            raise SpecBenchError(f"unknown {key} {value!r}; allowed: {', '.join(sorted(map(str, spec.choices)))}")
+    elif not spec.accepts(value):
+        raise bad_value(key, value, spec.allowed())
 
 
 def INT(lo=None, hi=None, **kw) -> Key:
@@ -165,7 +177,7 @@ TASKS = {
 
 # ------------------------------------------------------------------------------ model (by loader)
 _MODEL = {"name": STR(), "loader": CHOICE("gguf", "hf", "tiny"), "dtype": CHOICE(*DTYPES), "device": STR(),
-          "backend": CHOICE(*BACKENDS), "attn_implementation": STR(optional=True),
+          "backend": CHOICE(*BACKENDS), "attn_implementation": STR(optional=True, absent="sdpa"),
           "execution": CHOICE("eager", "graphs"), "graph_max_width": INT(1, 1024)}
 _CHAT = {"chat_template": BOOL(), "eos_tokens": LIST(STR(), empty=True)}
 MODELS = {
@@ -175,7 +187,7 @@ MODELS = {
     # sizes: their product is bounded by memory (config.resources); hidden_size / num_heads by rules
     "tiny": _MODEL | {"seed": SEED, "num_layers": INT(1), "hidden_size": INT(1), "intermediate_size": INT(1),
                       "num_heads": INT(1), "num_kv_heads": INT(1), "init_std": POS(),
-                      "tie_embeddings": BOOL(optional=True)},
+                      "tie_embeddings": BOOL(optional=True, absent=True)},
 }
 
 # ------------------------------------------------------------------------------ method (by name)
@@ -270,7 +282,7 @@ TRAIN = _TRAIN | {
     "first_use.train": Key("table", table=_TRAIN),  # merged over train.* (a subset of its keys)
     **{f"first_use.skip_search.{k}": v for k, v in SKIP_SEARCH.items() if k != "seed"},
 }
-# python -m specbench.skipsearch's own keys (their defaults: skipsearch.SEARCH_KEYS)
+# python -m specbench.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
 SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
 
 # ------------------------------------------------------------------------------ engine (by name), vLLM's methods
@@ -308,3 +320,9 @@ def group_table(group: str, cfg_group, engine: str = "native") -> tuple[str, dic
         return f"loader {choice!r}", MODELS.get(choice)
     choice = cfg_group.get("name")
     return repr(choice), GROUPS[group].get(choice)
+
+
+def all_tables() -> list[dict]:
+    """Every table (tests: the keys a config can have)."""
+    return [TOP, TRAIN, SEARCH, *TASKS.values(), *MODELS.values(), *METHODS.values(), *CONTROLS.values(),
+            *ENGINES.values(), *VLLM_METHODS.values()]

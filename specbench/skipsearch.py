@@ -42,31 +42,25 @@ from pathlib import Path
 
 import torch
 
+from specbench import settings
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
 from specbench.config import check_choices, check_values, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
-from specbench.schema import SEARCH
 from specbench.methods import build_method
 from specbench.methods.self_sd import heuristic_skip, model_key
 from specbench.models import LayerSkip, load_model
+from specbench.schema import SEARCH
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample, read_jsonl
 from specbench.tasks.gsm8k import exemplar_answer, prompt
+from specbench.settings import CONF_DIR, RunValues, shipped
 
 FORMAT = "specbench-self_sd-skipsearch/1"
 SAMPLERS = ("tpe", "gp")
-# keys of the command line that belong to the search, not to the Hydra config
-SEARCH_KEYS = {
-    "iterations": 50,
-    "num_prompts": 4,
-    "max_new_tokens": 64,
-    "k": 4,
-    "sampler": "tpe",
-    "seed": 0,
-    "out": None,
-    "progress": True,
-}
+# keys of the command line that belong to the search, not to the Hydra config: conf/skipsearch.yaml
+SEARCH_FILE = CONF_DIR / "skipsearch.yaml"
+SEARCH_TIMING = "fine"  # a trial's methods record their phases as a run's do by default (conf/config.yaml)
 
 
 def result_path(cache_dir, model_key: str) -> Path:
@@ -132,11 +126,11 @@ def time_per_token(method, prompts: list[list[int]], max_new_tokens: int, eos_id
 def search_skip_set(
     target,
     prompts: list[list[int]],
-    iterations: int = 50,
-    max_new_tokens: int = 64,
-    k: int = 4,
-    seed: int = 0,
-    sampler: str = "tpe",
+    iterations: int,
+    max_new_tokens: int,
+    k: int,
+    seed: int,
+    sampler: str,
     progress: bool = False,
     prompt_ids: list[str] | None = None,
     enqueue_heuristic: bool = True,
@@ -162,14 +156,15 @@ def search_skip_set(
     n = target.num_layers
     eos = target.tokenizer.eos_ids
     sampling = SamplingConfig()
-    ctx = {"control": {"name": "fixed", "k": int(k), "k_max": int(k)}}
+    # conf/method/self_sd.yaml with each candidate's explicit skip set, drafting K tokens (control=fixed)
+    values = RunValues(SEARCH_TIMING, shipped("control", "fixed", {"k": int(k)}), None, target.name, None)
 
     def method_for(skip):
-        cfg = {"name": "self_sd", "skip": {"source": "explicit", "attn": sorted(skip.attn), "mlp": sorted(skip.mlp)}}
-        return build_method("self_sd", target, cfg, sampling, ctx)
+        cfg = shipped("method", "self_sd", {"skip": {"source": "explicit", "attn": sorted(skip.attn), "mlp": sorted(skip.mlp)}})
+        return build_method("self_sd", target, cfg, sampling, values)
 
     # untimed warm-up, then the AR reference on the same prompts
-    ar = build_method("ar", target, {"name": "ar"}, sampling, ctx)
+    ar = build_method("ar", target, shipped("method", "ar"), sampling, values)
     ar.generate(prompts[0], min(8, int(max_new_tokens)), eos, seed)
     method_for(heuristic_skip(n)).generate(prompts[0], min(8, int(max_new_tokens)), eos, seed)
     ar_spt, ar_stats = time_per_token(ar, prompts, int(max_new_tokens), eos, int(seed))
@@ -243,7 +238,7 @@ def search_skip_set(
 # -- prompts from the GSM8K train split --------------------------------------------------------
 def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tuple[list[list[int]], list[str]]:
     """`num_prompts` random GSM8K train questions (never test items, never the few-shot
-    exemplar), formatted as the gsm8k task formats its test questions."""
+    exemplar), formatted as the gsm8k task formats its test questions; `task_cfg`: gsm8k's settings."""
 
     task = build_task(task_cfg)
     loader = getattr(task, "load_split", None) or getattr(task, "_split", None)
@@ -258,7 +253,7 @@ def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tup
                 f"no GSM8K train split for the skip search at {path or '<task.data_dir>/gsm8k/train.jsonl'}; "
                 "set task.data_dir or SPECBENCH_DATA_DIR to a folder holding gsm8k/train.jsonl"
             )
-    shot = task_cfg.get("fewshot_index", 0)
+    shot = task_cfg.fewshot_index
     few_shot = [] if shot is None else [(prompt(train[int(shot)]["question"]), exemplar_answer(train[int(shot)]["answer"]))]
     pool = [i for i in range(len(train)) if shot is None or i != int(shot)]
     if not 1 <= int(num_prompts) <= len(pool):
@@ -267,7 +262,7 @@ def gsm8k_train_prompts(task_cfg, tokenizer, num_prompts: int, seed: int) -> tup
     prompts = []
     for i in picked:
         s = Sample(id=f"gsm8k-train-{i}", turns=[prompt(train[i]["question"])], few_shot=few_shot,
-                   system=task_cfg.get("system"))
+                   system=task_cfg.system)
         prompts.append(tokenizer.encode_chat(s.messages([])))
     return prompts, [f"gsm8k-train-{i}" for i in picked]
 
@@ -277,10 +272,10 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     """Split `key=value` arguments into the search's own settings and Hydra overrides."""
     import yaml
 
-    opts, overrides = dict(SEARCH_KEYS), []
+    opts, overrides = yaml.safe_load(SEARCH_FILE.read_text()), []
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key in SEARCH_KEYS:
+        if sep and key in SEARCH:
             opts[key] = yaml.safe_load(value) if value else None
         elif sep:
             overrides.append(arg)
@@ -303,11 +298,12 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = compose(["method=self_sd", "task=gsm8k", *overrides])
     validate(cfg)
     torch.set_grad_enabled(False)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
-    target = load_model(cfg.model)
-    prompts, ids = gsm8k_train_prompts(cfg.task, target.tokenizer, opts["num_prompts"], opts["seed"])
-    out = opts["out"] or result_path(cfg.method.skip.get("cache_dir"), model_key(target))
+    run = settings.of(cfg)
+    if run.threads:
+        torch.set_num_threads(int(run.threads))
+    target = load_model(run.model)
+    prompts, ids = gsm8k_train_prompts(run.task, target.tokenizer, opts["num_prompts"], opts["seed"])
+    out = opts["out"] or result_path(run.method.skip.cache_dir, model_key(target))
     result = search_skip_set(
         target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], k=opts["k"],
         seed=opts["seed"], sampler=str(opts["sampler"]), progress=bool(opts["progress"]), prompt_ids=ids,

@@ -20,21 +20,18 @@ from specbench.profiling import refit_costs
 from specbench.stats import pooled_speedup_ci
 from specbench.table import Column
 
-CI_DEFAULTS = {"level": 0.95, "resamples": 2000, "seed": 0, "max_rel_width": 0.2}
-
-
-def uncertainty(records: list[dict], ci: dict | None = None) -> dict:
-    """Median per-sample speedup, bootstrap CI of the pooled one, and the wide-CI flag."""
-    c = CI_DEFAULTS | dict(ci or {})
+def uncertainty(records: list[dict], ci) -> dict:
+    """Median per-sample speedup, bootstrap CI of the pooled one, and the wide-CI flag; `ci`: the
+    run's `measure.ci` settings (level, resamples, seed, max_rel_width)."""
     per = [r["speedup"] for r in records if r.get("speedup")]
     pairs = [(r["ar"]["new_tokens"], r["ar"]["wall"], r["method"]["new_tokens"], r["method"]["wall"]) for r in records]
-    interval = pooled_speedup_ci(pairs, float(c["level"]), int(c["resamples"]), int(c["seed"]))
+    interval = pooled_speedup_ci(pairs, float(ci.level), int(ci.resamples), int(ci.seed))
     out = {"speedup_per_sample_median": statistics.median(per) if per else None,
-           "speedup_ci": list(interval) if interval else None, "ci_level": float(c["level"])}
+           "speedup_ci": list(interval) if interval else None, "ci_level": float(ci.level)}
     pooled = _pooled(records)
     if interval and pooled:
         out["ci_rel_width"] = (interval[1] - interval[0]) / pooled
-        out["ci_wide"] = out["ci_rel_width"] > float(c["max_rel_width"])
+        out["ci_wide"] = out["ci_rel_width"] > float(ci.max_rel_width)
     return out
 
 
@@ -80,8 +77,9 @@ def _system(records: list[dict], key: str) -> dict:
     }
 
 
-def aggregate(records: list[dict], costs: dict[int, float] | None, per_category: bool = True, ci: dict | None = None) -> dict:
-    """Pooled figures over samples: ratios of sums (the papers' way), plus per-sample spreads."""
+def aggregate(records: list[dict], costs: dict[int, float] | None, ci, per_category: bool = True) -> dict:
+    """Pooled figures over samples: ratios of sums (the papers' way), plus per-sample spreads;
+    `ci`: the run's `measure.ci` settings."""
     if not records:
         return {"samples": 0}
     out: dict = {"samples": len(records)}
@@ -126,7 +124,7 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, per_category:
     if per_category:  # the whole run (not a category's slice): what a run dir without samples.jsonl keeps
         out["per_sample"] = per_sample(records)
     if cats:
-        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, False, ci) for c in cats}
+        out["per_category"] = {c: aggregate([r for r in records if r.get("category") == c], None, ci, False) for c in cats}
         for c in cats:
             for k in POSITION_KEYS:
                 out["per_category"][c].pop(k, None)

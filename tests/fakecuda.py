@@ -40,16 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaForCausalLM
 
 from specbench.engine import transfer
 from specbench.models import ModelAdapter, tiny_llama_config
 from specbench.models.tokenizer import ByteTokenizer
+from specbench.settings import shipped
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -350,7 +350,7 @@ TINY = {"num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads"
 
 def fake_tiny_llama(dtype: torch.dtype = torch.bfloat16, **overrides) -> ModelAdapter:
     """A tiny Llama with fake weights on fake `cuda` (call inside `fake_cuda()`)."""
-    model = LlamaForCausalLM(tiny_llama_config(OmegaConf.create(TINY | overrides)))
+    model = LlamaForCausalLM(tiny_llama_config(shipped("model", "tiny-llama", TINY | overrides)))
     model.to(device=CUDA, dtype=dtype)
     adapter = ModelAdapter(model, ByteTokenizer(), "fake-tiny-llama")
     adapter.key = f"fake-tiny-{dtype}".replace("torch.", "")

@@ -1,13 +1,14 @@
 """Shared helpers for tests on tiny random models (CPU, float64, byte tokenizer).
 
 `tiny_model(**overrides)` builds (once per distinct config) a tiny-llama adapter exactly as
-`model=tiny-llama` does; `method_cfg(...)` builds a method config; `build(...)` a method with a
-control dict passed the way the runner passes it (ctx={"control": ...}).
+`model=tiny-llama` does; `method_cfg(...)` a method's settings from conf/method/<name>.yaml;
+`build(...)` a method with the run values the runner passes (`run_values`, the control settings in them).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -16,29 +17,15 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
+from specbench import schema, settings
+from specbench.config import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods import build_method
 from specbench.models import apply_backend, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-
-# conf/model/tiny-llama.yaml
-TINY = {
-    "name": "tiny-llama",
-    "loader": "tiny",
-    "seed": 0,
-    "num_layers": 4,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "init_std": 0.3,
-    "dtype": "float64",
-    "device": "cpu",
-}
 
 GREEDY = SamplingConfig()
 
@@ -47,14 +34,57 @@ GREEDY = SamplingConfig()
 torch.set_num_threads(1)
 
 
+# what the trainers' unit tests change in conf/train/default.yaml: a fixed rate without warm-up, the
+# text's next tokens as labels, an epoch bound, no held-out curve and no resume states
+UNIT_TRAIN = {"schedule": "constant", "warmup_steps": 0, "labels": "text", "max_steps": None, "eval_every": None,
+              "checkpoint_every": None}
+
+
+def train_run(method: dict, **train):
+    """The run settings a trainer gets for `python -m specbench.train model=tiny-llama method=<name>`:
+    the method's keys (`method["name"]`, TEST_METHOD's, then `method`'s) and UNIT_TRAIN then `train`
+    over conf/'s."""
+    name = method["name"]
+    own = {k: v for k, v in method.items() if k != "name"}
+    return settings.merge(run_settings(f"method={name}"), {"method": TEST_METHOD.get(name, {})}, {"method": own},
+                          {"train": UNIT_TRAIN | train})
+
+
+def train_settings(**overrides):
+    """conf/train/default.yaml's settings (the composed run's `train`) with `overrides`."""
+    return settings.merge(run_settings().train, overrides)
+
+
+def tiny_settings(**overrides):
+    """conf/model/tiny-llama.yaml's settings with `overrides`."""
+    return settings.shipped("model", "tiny-llama", overrides)
+
+
+def task_settings(name: str, **overrides):
+    """conf/task/<name>.yaml's settings with `overrides`."""
+    return settings.shipped("task", name, overrides)
+
+
 @functools.lru_cache(maxsize=None)
 def _tiny(frozen: str):
-    return load_model(OmegaConf.create(json.loads(frozen)))
+    return load_model(tiny_settings(**json.loads(frozen)))
+
+
+@functools.lru_cache(maxsize=None)
+def _run_settings(argv: tuple):
+    return settings.of(compose(list(argv)))
+
+
+def run_settings(*argv: str):
+    """The whole run's settings for a command line (model=tiny-llama unless given), composed from
+    conf/ as `python -m specbench` composes them (cached: settings are frozen)."""
+    model = () if any(a.startswith("model=") for a in argv) else ("model=tiny-llama",)
+    return _run_settings((*model, *argv))
 
 
 def tiny_model(**overrides):
     """A tiny-llama adapter (cached per config: treat it as read-only)."""
-    return _tiny(json.dumps(TINY | overrides, sort_keys=True))
+    return _tiny(json.dumps(overrides, sort_keys=True))
 
 
 def q4_tiny_model(backend: str):
@@ -72,34 +102,59 @@ def q4_tiny_model(backend: str):
     return target
 
 
-def control(name: str = "fixed", k: int = 4, **kw) -> dict:
-    """A control dict (conf/control/<name>.yaml keys) capped at k."""
-    if name == "fixed":
-        return {"name": "fixed", "k": k, "k_max": k, **kw}
-    return {"name": name, "k_max": k, **kw}
+def control_settings(name: str = "fixed", **overrides):
+    """conf/control/<name>.yaml's settings with `overrides` (fixed: k_max follows k, as composed)."""
+    return settings.shipped("control", name, overrides)
+
+
+def control(name: str = "fixed", k: int = 4, **kw):
+    """conf/control/<name>.yaml's settings capped at k (fixed: K = k)."""
+    return control_settings(name, **({"k": k} if name == "fixed" else {"k_max": k}), **kw)
+
+
+def controller(name: str, seed: int = 0, **overrides):
+    """The controller conf/control/<name>.yaml builds, with `overrides`."""
+    from specbench.control import build_controller
+
+    return build_controller(control_settings(name, **overrides), seed=seed)
+
+
+def controller_args(name: str, **overrides) -> dict:
+    """conf/control/<name>.yaml's keys as a controller class's arguments (seed 0): for a test that
+    hands it what no config holds (a CaliPredictor object)."""
+    args = settings.record(control_settings(name, **overrides))
+    del args["name"]
+    return args | {"seed": 0}
+
+
+# what the tests change in conf/method/<name>.yaml so that a method builds on the 4-layer tiny model with
+# nothing trained (other keys: as shipped)
+TEST_METHOD = {
+    "vanilla_sd": {"draft": {"num_layers": 1, "checkpoint": None}},  # a 1-layer draft, untrained
+    "hf_assisted": {"draft": {"num_layers": 1, "checkpoint": None}},
+    "medusa": {"tree_from_accuracies": None},  # untrained heads have no accuracies: a tree or sizes, else the default dense one
+}
 
 
 def method_cfg(name: str = "vanilla_sd", **kw):
-    """A method config like conf/method/<name>.yaml, the draft untrained (checkpoint null)."""
-    cfg: dict = {"name": name}
-    if name in ("vanilla_sd", "hf_assisted"):
-        draft = {"source": "truncate", "num_layers": 1, "checkpoint": None}
-        draft.update(kw.pop("draft", {}))
-        cfg["draft"] = draft
-    if name == "pld":
-        cfg.update(max_ngram=3, min_ngram=1)
-    if name == "lookahead":
-        cfg.update(full_match_bonus=False)  # conf/method/lookahead.yaml: lade's accept rule
-    if name == "hydra":
-        cfg.update(share_head=True)  # conf/method/hydra.yaml: the target's head
-    cfg.update(kw)
-    return OmegaConf.create(cfg)
+    """conf/method/<name>.yaml's settings, TEST_METHOD's and then `kw` merged over them (`allow_untrained`
+    only where the method has the key: a test of every method may pass it to all)."""
+    if "allow_untrained" not in schema.METHODS.get(name, {}):
+        kw.pop("allow_untrained", None)
+    return settings.shipped("method", name, TEST_METHOD.get(name, {}), kw)
 
 
-def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl: dict | None = None):
+def run_values(ctrl=None, **kw) -> settings.RunValues:
+    """The run values a method gets from `python -m specbench model=tiny-llama` (conf/config.yaml), with
+    the control settings `ctrl` (default: conf/control/fixed.yaml) and the data dir of this moment."""
+    values = settings.run_values(run_settings("control=fixed"))
+    kw = {"data_dir": os.environ.get("SPECBENCH_DATA_DIR"), **kw}
+    return dataclasses.replace(values, control=ctrl if ctrl is not None else values.control, **kw)
+
+
+def build(name: str, target, cfg=None, sampling: SamplingConfig = GREEDY, ctrl=None, **values):
     cfg = cfg if cfg is not None else method_cfg(name)
-    ctx = {"control": ctrl} if ctrl is not None else None
-    return build_method(name, target, cfg, sampling, ctx)
+    return build_method(name, target, cfg, sampling, run_values(ctrl, **values))
 
 
 @torch.no_grad()  # as the runner does: with grad on, a backend's layers run F.linear (training)

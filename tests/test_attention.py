@@ -8,8 +8,7 @@ import copy
 import pytest
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
-from helpers import TINY, tiny_model
-from omegaconf import OmegaConf
+from helpers import tiny_model, tiny_settings
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specbench.models import load_model
@@ -75,5 +74,5 @@ def test_tree_forward_matches_transformers_sdpa():
 
 
 def test_other_attention_choices_stay():
-    eager = load_model(OmegaConf.create(TINY | {"attn_implementation": "eager"}))
+    eager = load_model(tiny_settings(attn_implementation="eager"))
     assert eager.config._attn_implementation == "eager"

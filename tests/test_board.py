@@ -17,6 +17,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods.base import METHODS
 from specbench.report import board, report
 from specbench.rundir import fingerprint
+from specbench.settings import of
 from specbench.summary import aggregate
 
 SPEC = {"model": "tiny-llama", "tasks": ["gsm8k", "xsum"],
@@ -56,7 +57,7 @@ def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0)
              "ar": {"new_tokens": 10, "wall": 0.1, "tokens_per_s": 100.0, "times": {"wall": 0.1}},
              "method": {"new_tokens": 10, "wall": 10 / m, "tokens_per_s": m, "times": {"wall": 10 / m}}}
             for i, m in enumerate(m_tps)]
-    summary = aggregate(recs, None)
+    summary = aggregate(recs, None, of(compose(["model=tiny-llama"])).measure.ci)
     summary["acceptance"] = {"tau": 2.5}
     summary["meta"] = {"method": config["method"]["name"], "task": task, "model": "tiny-llama", "backend": "eager",
                        "started": "2026-11-27T10:00:00", "method_settings": {"trained": trained} if trained else {},

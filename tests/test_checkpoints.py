@@ -22,7 +22,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods.eagle_head import EagleHead
 from specbench.methods.eesd import EarlyExit
 from specbench.models import ggml, truncated_copy
-from tests.helpers import build, method_cfg, tiny_model
+from tests.helpers import build, controller, method_cfg, tiny_model
 
 SETTINGS = {"steps": 1, "train_sequences": 1}
 
@@ -220,7 +220,7 @@ def test_cali_predictor_file(tmp_path, case, match):
     torch.save(blob, path)
     assert path.stat().st_size < 4096
     with pytest.raises(SpecBenchError, match=match) as e:
-        CaliTS(predictor=str(path))
+        controller("cali_ts", predictor=str(path))
     one_line(e, str(path))
     assert not Path("/tmp/specbench-pwned").exists()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
+from helpers import tiny_settings
 
 from specbench import modelinfo, schema
 from specbench.config import CONF_DIR, check_value, compose, validate
@@ -62,7 +62,7 @@ def test_choice_lists_equal_the_code_registries():
     from specbench.models import DTYPES, MODEL_LOADERS, tiny_llama_config
     from specbench.models.backends import BACKENDS
     from specbench.models.tokenizer import ByteTokenizer
-    from specbench.skipsearch import SEARCH_KEYS
+    from specbench.skipsearch import SEARCH_FILE
     from specbench.tasks import TASKS
 
     assert set(schema.CONTROLS) == set(CONTROLLERS)
@@ -71,9 +71,9 @@ def test_choice_lists_equal_the_code_registries():
     assert set(schema.MODELS) == set(MODEL_LOADERS)
     assert set(schema.DTYPES) == {"auto", *DTYPES}
     assert set(schema.BACKENDS) == set(BACKENDS) and set(schema.COUNTS) == set(COUNTS)
-    assert set(schema.SEARCH) == set(SEARCH_KEYS)
+    assert set(schema.SEARCH) == set(yaml.safe_load(SEARCH_FILE.read_text()))
     assert modelinfo.TINY_VOCAB == ByteTokenizer.vocab_size
-    assert modelinfo.TINY_CONTEXT == tiny_llama_config(OmegaConf.create({})).max_position_embeddings
+    assert modelinfo.TINY_CONTEXT == tiny_llama_config(tiny_settings()).max_position_embeddings
 
 
 def choices(group):
@@ -105,7 +105,7 @@ def test_value_checks_bite():
 def test_model_shape_without_weights_matches_the_loader():
     from specbench.models import tiny_llama_config
 
-    cfg = OmegaConf.load(CONF_DIR / "model" / "tiny-llama.yaml")
+    cfg = tiny_settings()
     shape, real = modelinfo.model_shape(cfg), tiny_llama_config(cfg)
     assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.intermediate, shape.vocab) == (
         real.num_hidden_layers, real.hidden_size, real.num_attention_heads, real.num_key_value_heads,

@@ -4,15 +4,14 @@ import math
 
 import pytest
 import torch
+from helpers import control_settings, controller, controller_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbench.control import CONTROLLERS, DraftInfo, build_controller
-from specbench.control.beta_ts import BetaTS
 from specbench.control.cali_ts import CaliPredictor, CaliTS
-from specbench.control.fixed import FixedK
-from specbench.control.threshold import AdaptiveThreshold, StaticThreshold
 from specbench.errors import SpecBenchError
+from specbench.settings import group as settings_of
 
 ADAPTIVE = ["beta_ts", "cali_ts", "adaptive_threshold"]
 
@@ -42,7 +41,7 @@ def mean_draft_length(ctrl, accept_all, rounds=400):
 
 
 def test_beta_ts_posterior_updates():
-    c = BetaTS(alpha0=1, beta0=1)
+    c = controller("beta_ts", alpha0=1, beta0=1)
     c.update(5, 2)  # 2 successes, then the 3rd draft rejected: one failure
     assert (c.alpha, c.beta) == (3, 2)
     c.update(5, 5)  # all accepted: no failure
@@ -58,20 +57,20 @@ def test_beta_ts_posterior_updates():
     ("paper_subset", [(2, 3), (6, 4), (9, 6), (8, 8)]),  # |Q_v| = a: r = a - 1, n = min(a + 1, k)
 ])
 def test_beta_ts_literal_counts_selectable(counts, want):
-    c = build_controller({"name": "beta_ts", "counts": counts})
+    c = controller("beta_ts", counts=counts)
     got = []
     for k, a in [(5, 2), (5, 5), (5, 4), (1, 0)]:
         c.update(k, a)
         got.append((c.alpha, c.beta))
     assert got == want
     with pytest.raises(SpecBenchError, match="control.counts 'x'; allowed: consistent, paper_output, paper_subset"):
-        build_controller({"name": "beta_ts", "counts": "x"})
+        controller("beta_ts", counts="x")
 
 
 def simulated_posterior_mean(theta, counts=None, rounds=4000, seed=0):
     """Beta-TS drafting against a stream whose draft tokens are each accepted with probability
     theta (given the ones before were): the posterior mean at the end."""
-    ctrl = BetaTS(seed=seed) if counts is None else BetaTS(counts=counts, seed=seed)
+    ctrl = controller("beta_ts", seed) if counts is None else controller("beta_ts", seed, counts=counts)
     world = torch.Generator().manual_seed(seed + 1)
     for _ in range(rounds):
         k = simulate_round(ctrl, [0.5])
@@ -94,18 +93,18 @@ def test_beta_ts_posterior_finds_the_true_acceptance(theta):
 
 
 def test_beta_ts_reset_per_sequence():
-    c = BetaTS(alpha0=2, beta0=3)
+    c = controller("beta_ts", alpha0=2, beta0=3)
     c.update(5, 2)
     c.reset(1)
     assert (c.alpha, c.beta) == (2, 3)
-    keep = BetaTS(alpha0=2, beta0=3, reset_per_sequence=False)
+    keep = controller("beta_ts", alpha0=2, beta0=3, reset_per_sequence=False)
     keep.update(5, 2)
     keep.reset(1)
     assert (keep.alpha, keep.beta) == (4, 4)
 
 
 def test_round_counts_are_checked():
-    for c in (BetaTS(), CaliTS(), AdaptiveThreshold()):
+    for c in (controller("beta_ts"), controller("cali_ts"), controller("adaptive_threshold")):
         with pytest.raises(ValueError):
             c.update(3, 4)
         before = c.state()
@@ -114,7 +113,7 @@ def test_round_counts_are_checked():
 
 
 def test_cali_ts_posterior_by_hand():
-    c = CaliTS(sigma_m=0.2, sigma_s=0.3, theta0=0.5)
+    c = controller("cali_ts", sigma_m=0.2, sigma_s=0.3, theta0=0.5)
     # n = 0: the predictor alone, with its variance sigma_M^2
     assert c.posterior(0.7) == pytest.approx((0.7, 0.04))
     c.n, c.theta_hat = 3, 0.9
@@ -126,18 +125,18 @@ def test_cali_ts_posterior_by_hand():
 
 
 def test_cali_ts_theta_hat_mean():
-    c = CaliTS(theta0=0.5)
+    c = controller("cali_ts", theta0=0.5)
     c.update(5, 2)  # r = 2 of 3 trials (consistent counts)
     assert (c.n, c.theta_hat) == (1, pytest.approx((0.5 + 2) / (1 + 3)))
     c.update(5, 5)  # r = 5 of 5
     assert (c.n, c.theta_hat) == (2, pytest.approx((0.5 + 7) / (1 + 8)))
-    old = CaliTS(theta0=0.5, counts="paper_output")
+    old = controller("cali_ts", theta0=0.5, counts="paper_output")
     old.update(5, 2)  # r = 2 of 4 trials
     assert old.theta_hat == pytest.approx((0.5 + 2) / (1 + 4))
 
 
 def test_cali_ts_theta_hat_paper_eq10():
-    c = CaliTS(theta0=0.5, theta_update="paper")
+    c = controller("cali_ts", theta0=0.5, theta_update="paper")
     c.update(5, 2)  # |Q_v| = 3, t: 0 -> 3: (0.5 * 1 + 3) / 4
     assert c.theta_hat == pytest.approx(3.5 / 4)
     c.update(5, 0)  # |Q_v| = 1, t: 3 -> 4: (0.875 * 4 + 1) / 5
@@ -148,7 +147,7 @@ def test_cali_ts_theta_hat_paper_eq10():
 
 
 def test_adaptive_threshold_by_hand():
-    c = AdaptiveThreshold(gamma=0.6, epsilon=0.01, beta1=0.5, beta2=0.9, alpha=0.8)
+    c = controller("adaptive_threshold", gamma=0.6, epsilon=0.01, beta1=0.5, beta2=0.9, alpha=0.8)
     c.update(4, 2)  # e = 1: AR = 0.5 (beta1 taken as 0) <= 0.8 -> g~ = 0.61
     assert c.ar == pytest.approx(0.5)
     assert c.gamma == pytest.approx(0.9 * 0.6 + 0.1 * 0.61)  # 0.601
@@ -160,26 +159,26 @@ def test_adaptive_threshold_by_hand():
 
 
 def test_adaptive_threshold_reset_option():
-    c = AdaptiveThreshold()
+    c = controller("adaptive_threshold")
     c.update(4, 0)
     c.reset(0)
     assert c.gamma > 0.6 and c.rounds == 1  # carries over by default (the paper's Figure 5)
-    c = AdaptiveThreshold(reset_per_sequence=True)
+    c = controller("adaptive_threshold", reset_per_sequence=True)
     c.update(4, 0)
     c.reset(0)
     assert (c.gamma, c.ar, c.rounds) == (0.6, 0.0, 0)
 
 
 def test_fixed_and_static_threshold():
-    f = FixedK(k=4)
+    f = controller("fixed", k=4)
     assert f.k_max == 4 and simulate_round(f, [0.1]) == 4
-    assert simulate_round(FixedK(k=4, k_max=10), [0.1], budget=2) == 2
-    t = StaticThreshold(gamma=0.6)
+    assert simulate_round(controller("fixed", k=4, k_max=10), [0.1], budget=2) == 2
+    t = controller("threshold", gamma=0.6)
     assert simulate_round(t, [0.9, 0.9, 0.5, 0.9]) == 3  # stops after the first token below gamma
     assert simulate_round(t, [0.1]) == 1  # every round drafts at least one token
     for bad in ({"k": 0}, {"k": 12, "k_max": 10}):
         with pytest.raises(SpecBenchError):
-            FixedK(**bad)
+            controller("fixed", **bad)
 
 
 # --- behaviour -------------------------------------------------------------------------------
@@ -187,8 +186,8 @@ def test_fixed_and_static_threshold():
 
 @pytest.mark.parametrize("name", ADAPTIVE)
 def test_acceptance_lengthens_drafts(name):
-    long = mean_draft_length(build_controller({"name": name}, seed=1), accept_all=True, rounds=1000)
-    short = mean_draft_length(build_controller({"name": name}, seed=1), accept_all=False, rounds=1000)
+    long = mean_draft_length(controller(name, 1), accept_all=True, rounds=1000)
+    short = mean_draft_length(controller(name, 1), accept_all=False, rounds=1000)
     assert long > 8 and short < 2, (long, short)
 
 
@@ -197,8 +196,7 @@ def test_acceptance_lengthens_drafts(name):
        confidences=st.lists(st.floats(0, 1), min_size=1, max_size=15),
        accepted=st.lists(st.floats(0, 1), min_size=1, max_size=30), budget=st.integers(1, 20))
 def test_k_max_never_exceeded(name, k_max, seed, confidences, accepted, budget):
-    cfg = {"name": name, "k_max": k_max} | ({"k": k_max} if name == "fixed" else {})
-    ctrl = build_controller(cfg, seed=seed)
+    ctrl = controller(name, seed, **({"k": k_max} if name == "fixed" else {"k_max": k_max}))
     ctrl.reset(seed)
     for frac in accepted:
         n = simulate_round(ctrl, confidences, budget)
@@ -209,7 +207,7 @@ def test_k_max_never_exceeded(name, k_max, seed, confidences, accepted, budget):
 @pytest.mark.parametrize("name", sorted(CONTROLLERS))
 def test_same_seed_same_decisions(name):
     def run(seed):
-        ctrl = build_controller({"name": name}, seed=seed)
+        ctrl = controller(name, seed)
         out = []
         for sample in range(3):
             ctrl.reset(seed + sample)
@@ -251,8 +249,8 @@ def test_predictor_learns_and_round_trips(tmp_path):
 
 def test_cali_ts_with_predictor():
     p = CaliPredictor(d=8)
-    c = CaliTS(predictor=p, seed=0)
-    assert c.needs_hidden and not CaliTS().needs_hidden
+    c = CaliTS(**controller_args("cali_ts") | {"predictor": p})
+    assert c.needs_hidden and not controller("cali_ts").needs_hidden
     h = torch.randn(8)
     c.keep_drafting(DraftInfo(i=12, confidence=0.5, target_hidden=h.bfloat16(), draft_hidden=h))
     assert c.theta_m == pytest.approx(0.5)  # a fresh predictor says 0.5 (zero W_p)
@@ -262,25 +260,20 @@ def test_cali_ts_with_predictor():
 
 def test_cali_ts_predictor_from_path(tmp_path):
     CaliPredictor(d=4).save(tmp_path / "p.pt")
-    c = build_controller({"name": "cali_ts", "predictor": str(tmp_path / "p.pt")})
+    c = controller("cali_ts", predictor=str(tmp_path / "p.pt"))
     assert isinstance(c.predictor, CaliPredictor) and c.needs_hidden
 
 
 def test_unknown_controller_lists_names():
     with pytest.raises(SpecBenchError) as e:
-        build_controller({"name": "nope"})
+        build_controller(settings_of("control", {"name": "nope"}), seed=0)  # no table, no class
     for name in ("fixed", "threshold", "adaptive_threshold", "beta_ts", "cali_ts"):
         assert name in str(e.value)
 
 
 def test_yaml_configs_build(tmp_path):
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    conf = Path(__file__).resolve().parents[1] / "conf" / "control"
     for name in sorted(CONTROLLERS):
-        cfg = OmegaConf.load(conf / f"{name}.yaml")
+        cfg = control_settings(name)
         assert cfg.name == name and cfg.k_max == 10
         ctrl = build_controller(cfg, seed=0)
         assert type(ctrl) is CONTROLLERS[name] and ctrl.k_max == 10

@@ -4,11 +4,10 @@ float32 on the device, and SDPA's memory-efficient kernel accepts the verificati
 adapter makes on CUDA (a boolean mask, grouped K/V with enable_gqa)."""
 
 import pytest
-import torch
-from omegaconf import OmegaConf
-
 import test_every_method as every
-from helpers import TINY, build
+import torch
+from helpers import build, tiny_settings
+
 from specbench.methods.base import METHODS
 from specbench.models import load_model
 
@@ -17,7 +16,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 @pytest.fixture(scope="module")
 def target():
-    return load_model(OmegaConf.create(TINY | {"dtype": "float32", "device": "cuda", "backend": "eager"}))
+    return load_model(tiny_settings(dtype="float32", device="cuda", backend="eager"))
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -44,14 +43,14 @@ def test_memory_efficient_kernel_takes_the_verification_call():
 
 # -- model.execution=graphs with real captures (models/graphs.py) ----------------------------------
 def _graphs_model(dtype: str):
-    m = load_model(OmegaConf.create(TINY | {"dtype": dtype, "device": "cuda", "backend": "eager"}))
+    m = load_model(tiny_settings(dtype=dtype, device="cuda", backend="eager"))
     m.set_execution("graphs", 16)
     return m
 
 
 @pytest.fixture(scope="module")
 def eager64():
-    return load_model(OmegaConf.create(TINY | {"dtype": "float64", "device": "cuda", "backend": "eager"}))
+    return load_model(tiny_settings(dtype="float64", device="cuda", backend="eager"))
 
 
 @pytest.mark.parametrize("method", sorted(m for m in METHODS if m != "hf_assisted"))
@@ -93,7 +92,7 @@ def test_the_gpus_sync_count_is_the_fake_counts_accounting(method, execution, tm
     from specbench.syncs import count_generation
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
-    t = load_model(OmegaConf.create(TINY | {"dtype": "float32", "device": "cuda", "backend": "eager"}))
+    t = load_model(tiny_settings(dtype="float32", device="cuda", backend="eager"))
     t.set_execution(execution, 16)
     precapture(t)
     m = build(method, t, every.method_config(method))

@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from specbench.engine.cache import KVCache
 from specbench.models import ModelAdapter, adapter as adapter_mod
-from tests.helpers import tiny_model
+from tests.helpers import build, method_cfg, tiny_model
 
 CUDA0, CUDA1 = torch.device("cuda:0"), torch.device("cuda:1")
 
@@ -119,9 +119,6 @@ def test_timing_synchronises_every_device_the_model_uses(split_model, monkeypatc
     """A wait on one GPU says nothing about work queued on another: the timer's two waits per
     generation cover cuda:0 and cuda:1, and its marks go on the logits' device's stream (bites:
     a timer that synchronises only the current device, or only target.device)."""
-    from specbench.methods import build_method
-    from specbench.engine.sampling import SamplingConfig
-    from omegaconf import OmegaConf
 
     synced, streams = [], []
 
@@ -141,7 +138,7 @@ def test_timing_synchronises_every_device_the_model_uses(split_model, monkeypatc
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: f"stream of {d}")
     _, split = split_model
     assert {CUDA0, CUDA1} <= set(split.devices)  # (the embedding stays on the cpu here)
-    m = build_method("ar", split, OmegaConf.create({"name": "ar"}), SamplingConfig())
+    m = build("ar", split, method_cfg("ar"))
     with torch.no_grad():
         m.generate([5, 17, 99], 4, frozenset(), 0)
     assert sorted(synced, key=str) == [CUDA0, CUDA0, CUDA1, CUDA1]  # start and stop, each device

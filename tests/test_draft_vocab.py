@@ -8,8 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import ar_tokens, build, control, q4_tiny_model, tiny_model
-from omegaconf import OmegaConf
+from helpers import ar_tokens, build, control, method_cfg, q4_tiny_model, run_values, tiny_model, train_settings
 from test_every_method import method_config
 from test_lossless import E2E_PROMPT, E2E_SAMPLING, exact_marginal_pvalue, exact_next
 
@@ -17,6 +16,7 @@ from specbench.errors import SpecBenchError
 from specbench.methods import draft_vocab
 from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
 from specbench.models import ggml
+from specbench.settings import merge
 
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]
 DRAFTING = ["eesd", "self_sd", "medusa"]
@@ -29,7 +29,7 @@ def ranking_file(tmp_path, ranked) -> str:
 
 
 def with_vocab(method: str, size: int, source: str):
-    return OmegaConf.merge(method_config(method), {"draft_vocab": {"size": size, "source": source}})
+    return merge(method_config(method), {"draft_vocab": {"size": size, "source": source}})
 
 
 def test_ranking_counts_the_loss_tokens_only_ties_by_id():
@@ -50,8 +50,9 @@ def test_distill_source_ranks_the_self_distillation_data(monkeypatch):
         return seqs
 
     monkeypatch.setattr(draft_vocab, "build_sequences", fake_build)
-    run_cfg = OmegaConf.create({"train": {"seed": 3, "data": {"num_prompts": 7}}, "task": {}})
-    ids, info = draft_vocab.vocab_subset(target, OmegaConf.create({"draft_vocab": {"size": 4, "source": "distill"}}), {"cfg": run_cfg})
+    values = run_values(train=train_settings(seed=3, data={"num_prompts": 7}))
+    cfg = method_cfg("eesd", draft_vocab={"size": 4, "source": "distill"})
+    ids, info = draft_vocab.vocab_subset(target, cfg, values)
     eos = sorted(target.tokenizer.eos_ids)
     assert ids.tolist() == sorted(eos + [200, 201, 2][: 4 - len(eos)])
     assert seen == {"num_prompts": 7, "seed": 3} and info["draft_vocab_source"] == "distill"
@@ -65,21 +66,23 @@ def test_the_distilled_data_a_ranking_read_joins_the_provenance(monkeypatch, tmp
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = tiny_model()
-    run_cfg = OmegaConf.create({"train": {"seed": 3, "data": {"num_prompts": 7}}, "task": {}})
+    values = run_values(train=train_settings(seed=3, data={"num_prompts": 7}))
     monkeypatch.setattr(draft_vocab, "build_sequences", lambda *a: [([3, 200, 201, 200], 1)])
-    cfg = OmegaConf.create({"draft_vocab": {"size": 4, "source": "distill"}})
-    journal = sequences_path(target, run_cfg.train.data, 3, finished=False)
-    for path in (journal, sequences_path(target, run_cfg.train.data, 3)):
+    cfg = method_cfg("eesd", draft_vocab={"size": 4, "source": "distill"})
+    journal = sequences_path(target, values.train.data, 3, finished=False)
+    for path in (journal, sequences_path(target, values.train.data, 3)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("[]")
-        _, info = draft_vocab.vocab_subset(target, cfg, {"cfg": run_cfg})
+        _, info = draft_vocab.vocab_subset(target, cfg, values)
         assert info["draft_vocab_data"] == str(path)
         assert artifact_provenance({}, info)["draft_vocab_data"]["sha256"] == file_sha256(path)
 
 
-@pytest.mark.parametrize("size", [0, 10**6, "x"])
-def test_bad_size_is_one_error_naming_the_range(size, tmp_path):
-    with pytest.raises(SpecBenchError, match=r"draft_vocab\.size=.*\[1, 259\]"):
+@pytest.mark.parametrize("size, allowed", [(0, r"an integer >= 1 or null"), ("x", r"an integer >= 1 or null"),
+                                           (10**6, r"an integer in \[1, 259\]")])
+def test_bad_size_is_one_error_naming_the_range(size, allowed, tmp_path):
+    """The settings refuse what no model allows; the method, what this model's vocabulary does not."""
+    with pytest.raises(SpecBenchError, match=r"draft_vocab\.size=.* is not allowed; expected " + allowed):
         build("self_sd", tiny_model(), with_vocab("self_sd", size, ranking_file(tmp_path, [])))
 
 
@@ -145,8 +148,8 @@ def test_sampling_with_a_subset_keeps_the_target_distribution(tmp_path):
     first = exact_next(target, {(): 1.0})
     likely = [path[0] for path in sorted(first, key=first.get, reverse=True)]
     ranked = likely[1::2] + list(range(target.vocab_size))  # every other likely token is missing
-    cfg = OmegaConf.create({"name": "self_sd", "skip": {"source": "explicit", "attn": [1], "mlp": []},
-                            "draft_vocab": {"size": 6, "source": ranking_file(tmp_path, ranked)}})
+    cfg = method_cfg("self_sd", skip={"source": "explicit", "attn": [1], "mlp": []},
+                     draft_vocab={"size": 6, "source": ranking_file(tmp_path, ranked)})
     m = build("self_sd", target, cfg, E2E_SAMPLING, control("fixed", 1))
     outs, accepted = [], 0
     with torch.no_grad():

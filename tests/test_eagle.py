@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
-from omegaconf import OmegaConf
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
@@ -21,7 +20,7 @@ from tests.test_medusa import E2E_SAMPLING, check_sampling_matches_target, tiny_
 TARGETS = [{}, {"init_std": 0.1}, {"init_std": 0.1, "num_layers": 2}]
 prompts = st.one_of(st.lists(st.integers(0, 258), min_size=1, max_size=16),
                     st.lists(st.sampled_from([40, 41, 42]), min_size=1, max_size=16))
-shapes = st.tuples(st.integers(1, 4), st.integers(0, 4), st.integers(1, 20))  # top_k, depth, num_nodes
+shapes = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 20))  # top_k, depth, num_nodes (schema: each >= 1)
 
 
 def eagle(target, top_k=4, depth=4, num_nodes=15, sampling=SamplingConfig(), **kw):
@@ -156,7 +155,7 @@ def test_train_lowers_loss_and_reload_identical(tmp_path, monkeypatch):
     mcfg = {"name": "eagle", "top_k": 3, "depth": 3, "num_nodes": 8}
     res = train_eagle(target, train_cfg(mcfg), tiny_sequences())
     assert res["held_out_loss"][1] < res["held_out_loss"][0]
-    a, b = build("eagle", target, OmegaConf.create(mcfg)), build("eagle", target, OmegaConf.create(mcfg))
+    a, b = build("eagle", target, method_cfg(**mcfg)), build("eagle", target, method_cfg(**mcfg))
     assert a.info["head_trained"]
     for (ka, x), (kb, y) in zip(a.head.state_dict().items(), b.head.state_dict().items()):
         assert ka == kb and torch.equal(x, y)
@@ -242,7 +241,7 @@ def test_released_shape_mismatch(tmp_path):
 
 
 def test_bad_tree_settings():
-    with pytest.raises(SpecBenchError, match="num_nodes must be >= 1"):
+    with pytest.raises(SpecBenchError, match="method.num_nodes=0 is not allowed; expected an integer >= 1"):
         eagle(tiny_model(), num_nodes=0)
 
 

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
-from omegaconf import OmegaConf
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
@@ -158,7 +157,7 @@ def test_train_lowers_loss_and_reload_identical(tmp_path, monkeypatch):
     res = train_eagle3(target, train_cfg(mcfg, labels="target", epochs=8), tiny_sequences())
     assert res["held_out_loss"][1] < res["held_out_loss"][0]
     assert res["held_out_agreement"][1] > res["held_out_agreement"][0]
-    a, b = build("eagle3", target, OmegaConf.create(mcfg)), build("eagle3", target, OmegaConf.create(mcfg))
+    a, b = build("eagle3", target, method_cfg(**mcfg)), build("eagle3", target, method_cfg(**mcfg))
     assert a.info["head_trained"] and a.head.draft_vocab_size == 48
     for (ka, x), (kb, y) in zip(a.head.state_dict().items(), b.head.state_dict().items()):
         assert ka == kb and torch.equal(x, y)

@@ -9,14 +9,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 from scipy.stats import chi2_contingency
 
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
-from specbench.methods import build_method
 
-from helpers import CONF, GREEDY, tiny_model
+from helpers import CONF, GREEDY, build, control_settings, method_cfg, tiny_model
+
+from specbench.settings import of
 
 CONTROLS = [
     {"name": "fixed", "k": 3, "k_max": 3},
@@ -28,13 +28,13 @@ CONTROLS = [
 
 
 def eesd(target, n_layers, control, sampling=GREEDY, **cfg):
-    mcfg = OmegaConf.create({"name": "eesd", "n_layers": n_layers, "head": "shared", "allow_untrained": True,
-                             "checkpoint": None} | cfg)
-    return build_method("eesd", target, mcfg, sampling, {"control": control})
+    mcfg = method_cfg("eesd", **{"n_layers": n_layers, "head": "shared", "allow_untrained": True, "checkpoint": None} | cfg)
+    over = {k: v for k, v in control.items() if k != "name"}
+    return build("eesd", target, mcfg, sampling, control_settings(control["name"], **over))
 
 
 def ar(target, sampling=GREEDY):
-    return build_method("ar", target, OmegaConf.create({"name": "ar"}), sampling, {})
+    return build("ar", target, method_cfg("ar"), sampling)
 
 
 @settings(max_examples=25, deadline=None)
@@ -120,9 +120,9 @@ def test_training_lowers_loss_and_checkpoint_reloads_identically(tmp_path, monke
 
     target = tiny_model()
     prompt = target.tokenizer.encode_chat([{"role": "user", "content": "reload"}])
-    trained = build_method("eesd", target, cfg.method, GREEDY, {"control": {"name": "cali_ts", "k_max": 4}})
+    trained = build("eesd", target, of(cfg).method, GREEDY, control_settings("cali_ts", k_max=4))
     assert trained.describe()["exit_trained"] and trained.controller.needs_hidden
-    again = build_method("eesd", target, cfg.method, GREEDY, {"control": {"name": "cali_ts", "k_max": 4}})
+    again = build("eesd", target, of(cfg).method, GREEDY, control_settings("cali_ts", k_max=4))
     g1, g2 = trained.generate(prompt, 20, frozenset(), 3), again.generate(prompt, 20, frozenset(), 3)
     assert g1.tokens == g2.tokens == ar(target).generate(prompt, 20, frozenset(), 3).tokens
     assert g1.steps == g2.steps
@@ -146,7 +146,7 @@ def test_vanilla_draft_distillation_is_picked_up(tmp_path, monkeypatch, data_dir
     out = train(cfg)
     assert out["held_out_loss"][1] < out["held_out_loss"][0]
     target = tiny_model()
-    m = build_method("vanilla_sd", target, cfg.method, GREEDY, {"control": {"name": "fixed", "k": 3, "k_max": 3}})
+    m = build("vanilla_sd", target, of(cfg).method, GREEDY, control_settings("fixed", k=3))
     assert m.describe()["draft_trained"] is True
     prompt = target.tokenizer.encode_chat([{"role": "user", "content": "draft"}])
     assert m.generate(prompt, 20, frozenset(), 0).tokens == ar(target).generate(prompt, 20, frozenset(), 0).tokens

@@ -7,13 +7,12 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from specbench.methods.eesd import EarlyExit
 from specbench.train import features
 from specbench.train.loop import pad_batch
 from specbench.train.trainers import cali_features, eesd_loss, eesd_taps
-from tests.helpers import tiny_model
+from tests.helpers import tiny_model, train_settings
 from tests.test_eesd import _cfg
 from tests.test_medusa import tiny_sequences
 
@@ -31,7 +30,7 @@ def target_and_exit():
 
 
 def store_for(target, seqs, cali: bool, kind: str):
-    tcfg = OmegaConf.create({"max_len": 32, "feature_cache": kind})
+    tcfg = train_settings(max_len=32, feature_cache=kind)
     return features.target_features(target, seqs, eesd_taps(N, cali), tcfg)
 
 

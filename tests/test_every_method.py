@@ -12,6 +12,7 @@ from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from omegaconf import OmegaConf
 
 import specbench.control  # noqa: F401 - registers the controllers
+from specbench import schema, settings
 import specbench.methods  # noqa: F401 - registers the methods
 from specbench.control import CONTROLLERS
 from specbench.methods.base import METHODS, SpeculativeMethod
@@ -33,15 +34,12 @@ CASES = [(m, c) for m in sorted(METHODS)
 
 
 def method_config(name: str):
-    cfg = OmegaConf.load(CONF / "method" / f"{name}.yaml")
-    return OmegaConf.merge(cfg, {"allow_untrained": True}, TINY.get(name, {}))
+    untrained = {"allow_untrained": True} if "allow_untrained" in schema.METHODS[name] else {}
+    return settings.shipped("method", name, untrained, TINY.get(name, {}))
 
 
-def control_config(name: str) -> dict:
-    cfg = OmegaConf.merge(OmegaConf.load(CONF / "control" / f"{name}.yaml"), {"k_max": K_MAX})
-    if "k" in cfg:
-        cfg.k = K_MAX
-    return OmegaConf.to_container(cfg, resolve=True)
+def control_config(name: str):
+    return settings.shipped("control", name, {"k": K_MAX} if name == "fixed" else {"k_max": K_MAX})
 
 
 @pytest.mark.parametrize("method, controller", CASES, ids=[f"{m}-{c}" if c else m for m, c in CASES])

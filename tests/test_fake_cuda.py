@@ -8,11 +8,11 @@ import random
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
 from fakecuda import fake_cuda, fake_tiny_llama, on_cuda
-from helpers import build, control, method_cfg
+from helpers import build, control, controller_args, method_cfg
+from specbench.settings import merge
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftInfo
 from specbench.engine.sampling import (
@@ -198,13 +198,12 @@ def test_cali_predictor_on_cuda_with_bf16_hidden_states():
         th = torch.empty(3, 32, device="cuda", dtype=torch.bfloat16)
         p = pred(th, th, torch.tensor([1, 2, 9]))  # positions on the host, as the controller passes them
         assert on_cuda(p) and p.dtype == torch.float32 and p.shape == (3,)
-        ctrl = CaliTS(predictor=pred, k_max=4)
+        ctrl = CaliTS(**controller_args("cali_ts", k_max=4) | {"predictor": pred})
         ctrl.keep_drafting(DraftInfo(2, 0.5, th[0], th[1]))
 
 
 # -- a training step of each trainer -------------------------------------------------------
 # (up to the loss: autograd's engine would abort on a fake CUDA device, see tests/fakecuda.py)
-TCFG = OmegaConf.create({"max_len": 16})
 
 
 def _batch(t):
@@ -267,7 +266,7 @@ def test_draft_vocab_subset_on_cuda(name, mode, tmp_path):
     """method.draft_vocab: the subset head's rows, its -inf scatter and its ids stay on the device."""
     ranked = tmp_path / "ranked.json"
     ranked.write_text(json.dumps(list(range(100, 130))))
-    cfg = OmegaConf.merge(METHODS[name], {"draft_vocab": {"size": 8, "source": str(ranked)}})
+    cfg = merge(METHODS[name], {"draft_vocab": {"size": 8, "source": str(ranked)}})
     with fake_cuda(bool_value=True):
         t = fake_tiny_llama()
         m = build(name, t, cfg, SamplingConfig() if mode == "greedy" else SAMPLE, control("fixed", 2))

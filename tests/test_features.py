@@ -4,7 +4,6 @@ computed live; a changed tap set or dtype is another file."""
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from specbench.methods.eagle3_head import Eagle3Head
 from specbench.methods.eagle_head import EagleHead
@@ -14,12 +13,13 @@ from specbench.train import features
 from specbench.train.eagle import eagle_loss
 from specbench.train.eagle3 import eagle3_loss, feature_taps
 from specbench.train.hydra import hydra_loss
+from specbench.settings import merge
 from specbench.train.loop import pad_batch
 from specbench.train.medusa import medusa_loss
-from tests.helpers import tiny_model
+from tests.helpers import tiny_model, train_settings
 from tests.test_medusa import tiny_sequences
 
-TCFG = OmegaConf.create({"max_len": 32, "feature_cache": "float16"})
+TCFG = train_settings(max_len=32, feature_cache="float16")
 
 
 def batch(seqs):
@@ -46,7 +46,7 @@ def test_cached_loss_equals_the_live_loss(which, kind, tol):
     target = tiny_model()
     seqs = tiny_sequences(6, length=40)  # 41 tokens > max_len 32
     loss_fn, taps = parts(target)[which]
-    store = features.target_features(target, seqs, taps, OmegaConf.merge(TCFG, {"feature_cache": kind}))
+    store = features.target_features(target, seqs, taps, merge(TCFG, {"feature_cache": kind}))
     ids, lab = batch(seqs[:4])
     assert store.batch(ids, lab) is not None
     torch.manual_seed(1)
@@ -67,10 +67,10 @@ def test_computed_once_and_reused(monkeypatch, capsys):
     assert len(calls) == 1 and "reusing" in capsys.readouterr().out
     assert torch.equal(a.feats, b.feats)
     features.target_features(target, seqs, [0, "final"], TCFG)  # another tap set: another file
-    features.target_features(target, seqs, ["final"], OmegaConf.merge(TCFG, {"feature_cache": "float32"}))
+    features.target_features(target, seqs, ["final"], merge(TCFG, {"feature_cache": "float32"}))
     features.target_features(target, seqs[:4], ["final"], TCFG)  # other sequences
     assert len(calls) == 4
-    assert features.target_features(target, seqs, ["final"], OmegaConf.merge(TCFG, {"feature_cache": None})) is None
+    assert features.target_features(target, seqs, ["final"], merge(TCFG, {"feature_cache": None})) is None
 
 
 def test_a_row_not_stored_is_none_and_unlabelled_rows_are_zero():
@@ -110,6 +110,6 @@ def test_a_store_with_more_taps_serves_a_subset_without_a_prefill(monkeypatch, c
         assert torch.equal(got, real(target, keys, taps).to(torch.float16)), taps
     assert calls == []  # the references above call the real prefill directly; the store made none
     assert "columns of" in capsys.readouterr().out
-    features.target_features(target, seqs, ["final"], OmegaConf.merge(TCFG, {"feature_cache": "float32"}))
+    features.target_features(target, seqs, ["final"], merge(TCFG, {"feature_cache": "float32"}))
     features.target_features(target, seqs[:3], ["final"], TCFG)
     assert len(calls) == 2

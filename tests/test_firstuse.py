@@ -17,6 +17,7 @@ from specbench import artifacts, firstuse
 from specbench.errors import SpecBenchError
 from specbench.methods import METHODS as REGISTERED
 from specbench.models import load_model
+from specbench.settings import of
 from specbench.train.session import FIRST_USE, TRAINERS
 
 # a tiny first-use budget: seconds on the tiny model
@@ -61,12 +62,12 @@ def test_every_method_runs_from_an_empty_cache(method, tmp_path, data_dir, share
     losslessly with the trained part (not an untrained stand-in)."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(shared_cache))
     cfg = cfg_for(tmp_path, data_dir, f"method={method}", "task=gsm8k")
-    target = load_model(cfg.model)
-    missing = firstuse.missing_parts(cfg, target)
+    target = load_model(of(cfg).model)
+    missing = firstuse.missing_parts(of(cfg), target)
     assert bool(missing) == (method in FIRST_USE and method not in SHARES_AN_EARLIER_PART)
     assert all(p.train in TRAINERS for p in missing if isinstance(p.train, str))
     s = runner.run(cfg, target)
-    assert not firstuse.missing_parts(cfg, target)
+    assert not firstuse.missing_parts(of(cfg), target)
     assert s["samples"] == 2 and s["matches_ar"] == 2
     settings = s["meta"]["method_settings"]
     if TRAINED.get(method):
@@ -235,9 +236,9 @@ def test_medusa2_trains_on_first_use(tmp_path, data_dir, monkeypatch):
     with respect to the fine-tuned weights, with the original weights' row beside it."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
     cfg = cfg_for(tmp_path, data_dir, "method=medusa", "method.variant=medusa2", "task=gsm8k")
-    target = load_model(cfg.model)
-    assert [p.path.parent.name for p in firstuse.missing_parts(cfg, target)] == ["medusa2"]
+    target = load_model(of(cfg).model)
+    assert [p.path.parent.name for p in firstuse.missing_parts(of(cfg), target)] == ["medusa2"]
     s = runner.run(cfg, target)
-    assert not firstuse.missing_parts(cfg, target)
+    assert not firstuse.missing_parts(of(cfg), target)
     assert s["samples"] == 2 and s["matches_ar"] == 2 and "base" in s
     assert s["meta"]["method_settings"]["heads_trained"] is True

@@ -176,11 +176,9 @@ def test_the_report_tells_the_modes_apart_and_eager_from_older_runs():
 
 def test_the_execution_mode_is_not_part_of_a_models_key():
     """Trained parts are found by the model's key: a graphs run uses what an eager run trained."""
-    from omegaconf import OmegaConf
-
-    from helpers import TINY
+    from helpers import tiny_settings
     from specbench.models import load_model
 
-    keys = {load_model(OmegaConf.create(TINY | extra)).key
+    keys = {load_model(tiny_settings(**extra)).key
             for extra in ({}, {"execution": "eager", "graph_max_width": 64}, {"execution": "graphs", "graph_max_width": 8})}
     assert len(keys) == 1

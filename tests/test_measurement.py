@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import specbench.engine.timer as timer_mod
 import specbench.runner as runner
-from helpers import CONF, tiny_model
+from helpers import CONF, run_settings, tiny_model
 from specbench.calibrate import main as calibrate_main
 from specbench.interference import StepHistory, run_checked
 from specbench.models.adapter import ModelAdapter
@@ -205,11 +205,11 @@ def test_history_judges_samples_against_the_run():
 
 def test_summary_reports_median_ci_and_flags_a_wide_ci():
     steady = [rec(i, 1.0, 0.5 + 0.01 * (i % 3)) for i in range(20)]
-    s = aggregate(steady, None)
+    s = aggregate(steady, None, run_settings().measure.ci)
     assert s["speedup_ci"][0] < s["speedup"] < s["speedup_ci"][1] and not s["ci_wide"]
     assert s["speedup_per_sample_median"] == pytest.approx(1 / 0.51)
     noisy = [rec(i, 1.0, [0.2, 3.0][i % 2]) for i in range(4)]
-    assert aggregate(noisy, None)["ci_wide"]
+    assert aggregate(noisy, None, run_settings().measure.ci)["ci_wide"]
 
 
 def test_refit_uses_verify_times_per_k():

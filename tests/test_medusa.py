@@ -6,13 +6,12 @@ import random
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
-from omegaconf import OmegaConf
 
 import specbench.train.medusa  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import SpecBenchError
 from specbench.train.trainers import TRAINERS
-from tests.helpers import ar_tokens, build, method_cfg, tiny_model
+from tests.helpers import ar_tokens, build, method_cfg, tiny_model, train_run
 
 prompts = st.lists(st.integers(3, 258), min_size=1, max_size=12)
 
@@ -33,7 +32,7 @@ def tiny_sequences(n=12, seed=0, length=40):
 
 def train_cfg(method: dict, **train):
     t = {"lr": 1e-2, "epochs": 3, "batch_size": 4, "max_len": 64, "max_minutes": 2, "eval_fraction": 0.25, "seed": 0}
-    return OmegaConf.create({"method": method, "train": t | train})
+    return train_run(method, **(t | train))
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
@@ -103,7 +102,7 @@ def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypat
     mcfg = {"name": "medusa", "num_heads": 3, "share_head": False, "sizes": [2, 2, 1]}
     res = TRAINERS["medusa"](target, train_cfg(mcfg), tiny_sequences())
     assert res["held_out_loss_after"] < res["held_out_loss_before"]
-    cfg = OmegaConf.create(mcfg)
+    cfg = method_cfg(**mcfg)
     a = build("medusa", target, cfg)
     assert a.info["heads_trained"]
     b = build("medusa", target, cfg)
@@ -114,7 +113,7 @@ def test_train_lowers_loss_reload_identical_and_greedy_equal(tmp_path, monkeypat
     assert out_a.tokens == b.generate(prompt, 20, frozenset(), 0).tokens
     assert out_a.tokens == ar_tokens(target, prompt, 20)
     # the accuracies feed a sparse tree
-    c = build("medusa", target, OmegaConf.create(mcfg | {"tree_from_accuracies": 5, "sizes": None}))
+    c = build("medusa", target, method_cfg(**mcfg | {"tree_from_accuracies": 5, "sizes": None}))
     assert len(c.tree) == 6
     assert c.generate(prompt, 20, frozenset(), 0).tokens == out_a.tokens
 

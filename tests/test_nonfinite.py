@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -19,7 +18,7 @@ from specbench.train import features
 from specbench.train import resume as resume_state
 from specbench.train.eagle import train_eagle
 from specbench.train.loop import train_loop
-from tests.helpers import tiny_model
+from tests.helpers import UNIT_TRAIN, tiny_model, train_settings
 from tests.test_medusa import tiny_sequences, train_cfg
 
 MCFG = {"name": "eagle", "top_k": 3, "depth": 3, "num_nodes": 8}
@@ -56,14 +55,14 @@ def test_a_poisoned_feature_store_is_computed_again_not_trained_on(tmp_path, mon
 def test_features_that_are_not_finite_as_computed_are_never_written(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(features, "prefill", lambda target, seqs, taps: torch.full((sum(map(len, seqs)), 16), math.inf))
-    tcfg = OmegaConf.create({"max_len": 32, "feature_cache": "float16"})
+    tcfg = train_settings(max_len=32, feature_cache="float16")
     with pytest.raises(SpecBenchError, match=r"features at taps \['final'\] hold NaN or infinite values") as e:
         features.target_features(tiny_model(), tiny_sequences(3), ["final"], tcfg)
     assert "\n" not in str(e.value) and not list(tmp_path.rglob("*.safetensors"))
 
 
-TCFG = OmegaConf.create({"lr": 0.1, "max_steps": 4, "epochs": None, "batch_size": 1, "max_len": 8, "seed": 0,
-                         "checkpoint_every": 1})
+TCFG = train_settings(**UNIT_TRAIN | {"lr": 0.1, "max_steps": 4, "epochs": None, "batch_size": 1, "max_len": 8, "seed": 0,
+                                     "checkpoint_every": 1})
 
 
 def loop(tmp_path, poisoned_loss):

@@ -8,14 +8,13 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from specbench.errors import SpecBenchError
 from specbench.methods.self_sd import resolve_skip
 from specbench.models import LayerSkip
 from specbench.models.published import is_medusa_checkpoint
-from tests.helpers import ar_tokens, build, tiny_model
+from tests.helpers import ar_tokens, build, method_cfg, tiny_model
 
 D, V = 64, 259  # tiny-llama's hidden size and byte vocabulary
 PROMPT = [5, 17, 99, 42, 7, 7, 13]
@@ -44,7 +43,7 @@ def write_medusa(d, state, k=3, layers=1, fmt="pt", config=None):
 
 
 def medusa(d, **kw):
-    cfg = OmegaConf.create({"name": "medusa", "num_heads": 4, "sizes": None, "checkpoint": str(d), "tree": None} | kw)
+    cfg = method_cfg("medusa", **{"num_heads": 4, "sizes": None, "checkpoint": str(d), "tree": None} | kw)
     return build("medusa", tiny_model(), cfg)
 
 
@@ -144,7 +143,7 @@ def test_medusa_bad_files(tmp_path):
 
 
 def skip_cfg(path, **kw):
-    return OmegaConf.create({"source": str(path), "attn": [], "mlp": [], "model": None} | kw)
+    return method_cfg("self_sd", skip={"source": str(path), "attn": [], "mlp": [], "model": None} | kw).skip
 
 
 def test_self_sd_skip_file_as_published(tmp_path):
@@ -159,7 +158,7 @@ def test_self_sd_skip_file_as_published(tmp_path):
     one.write_text(json.dumps({"tiny": {"attention": [1], "mlp": []}}))
     assert resolve_skip(tiny_model(), skip_cfg(one))[0] == LayerSkip(frozenset({1}), frozenset())
     # end to end: the file's skip set drives the draft; greedy output is AR's
-    cfg = OmegaConf.create({"name": "self_sd", "skip": dict(skip_cfg(p, model="tiny"))})
+    cfg = method_cfg("self_sd", skip={"source": str(p), "model": "tiny"})
     m = build("self_sd", tiny_model(), cfg)
     assert m.describe()["skip_attn"] == [2]
     assert m.generate(PROMPT, 20, frozenset(), 0).tokens == ar_tokens(tiny_model(), PROMPT, 20)

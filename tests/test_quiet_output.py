@@ -8,13 +8,13 @@ import re
 
 import pytest
 import transformers
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
 from helpers import run_cli
 from specbench.errors import SpecBenchError
 from specbench.models import MODEL_LOADERS
+from specbench.settings import shipped
 
 
 def test_gguf_loading_hides_transformers_progress_bars(tmp_path, monkeypatch, capsys):
@@ -36,7 +36,7 @@ def test_gguf_loading_hides_transformers_progress_bars(tmp_path, monkeypatch, ca
     hf_logging.enable_progress_bar()
     try:
         with pytest.raises(SpecBenchError, match="cannot read GGUF model"):
-            MODEL_LOADERS["gguf"](OmegaConf.create({"name": "m", "path": str(gguf)}))
+            MODEL_LOADERS["gguf"](shipped("model", "smollm2-135m", {"name": "m", "path": str(gguf)}))
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
     assert seen == [False]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from helpers import CONF
+from helpers import CONF, train_settings
 from specbench import artifacts
 from specbench.models import load_model
+from specbench.settings import merge, of
 from specbench.train import data as data_mod
 from specbench.train import loop
 from specbench.train.session import train_model
@@ -41,7 +41,8 @@ def cfg_for(data_dir, method, *extra):
 def train_in(cache: Path, monkeypatch, cfg) -> Path:
     """Train in the artifact cache `cache`; the artifact's path."""
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))
-    out = train_model(cfg, load_model(cfg.model))
+    run = of(cfg)
+    out = train_model(run, load_model(run.model))
     return Path(next(v for k, v in out.items() if k in ("eesd", "eagle", "medusa2", "space", "eagle3", "hydra")))
 
 
@@ -140,7 +141,7 @@ def test_an_evaluation_leaves_the_training_randomness_alone(data_dir):
     """The loop's contract (loop._quiet_eval), tested with an evaluation that does draw randomness
     (the trainers' own evaluations draw none, so the test above passes without the restore): the
     weights a run ends with do not depend on train.eval_every."""
-    tcfg = cfg_for(data_dir, "eagle").train
+    tcfg = of(cfg_for(data_dir, "eagle")).train
     seqs = [([1, 2, 3, 4], 1)] * 6
 
     def run(every):
@@ -155,8 +156,8 @@ def test_an_evaluation_leaves_the_training_randomness_alone(data_dir):
             torch.rand(3), rng.random()
             return {"loss": 0.0, "acceptance": [0.0]}
 
-        tcfg.eval_every = every
-        loop.train_loop("t", list(lin.parameters()), loss_fn, seqs, tcfg, 0, "cpu", eval_fn=evaluate, rngs=[rng])
+        loop.train_loop("t", list(lin.parameters()), loss_fn, seqs, merge(tcfg, {"eval_every": every}), 0, "cpu",
+                        eval_fn=evaluate, rngs=[rng])
         return lin.state_dict()
 
     a, b = run(1), run(None)
@@ -177,7 +178,7 @@ def test_the_curve_is_logged_against_steps(method, depths, data_dir, tmp_path, m
 def test_generation_resumes_from_its_journal(data_dir, tmp_path, monkeypatch, capsys):
     """Generation dies in its third batch: the two finished batches are kept; the rerun generates
     the rest and the data equal an uninterrupted generation's (also after a torn journal line)."""
-    cfg = cfg_for(data_dir, "eagle", "train.data.num_prompts=6")
+    cfg = of(cfg_for(data_dir, "eagle", "train.data.num_prompts=6"))
     target = load_model(cfg.model)
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "whole"))
     whole, _ = data_mod.load_sequences(target, cfg.train.data, data_dir, 0)
@@ -233,17 +234,17 @@ def test_the_plan_is_printed_with_an_estimate(data_dir, tmp_path, monkeypatch, c
 
 
 def test_planned_steps_and_the_schedule():
-    t = OmegaConf.create({"batch_size": 4, "max_steps": None, "epochs": 2, "warmup_steps": 2, "schedule": "cosine"})
+    t = train_settings(batch_size=4, max_steps=None, epochs=2, warmup_steps=2, schedule="cosine")
     assert loop.planned_steps(10, t) == (6, "epochs")
-    assert loop.planned_steps(10, OmegaConf.merge(t, {"max_steps": 5})) == (5, "max_steps")
-    assert loop.planned_steps(10, OmegaConf.merge(t, {"max_steps": 50, "epochs": None})) == (50, "max_steps")
+    assert loop.planned_steps(10, merge(t, {"max_steps": 5})) == (5, "max_steps")
+    assert loop.planned_steps(10, merge(t, {"max_steps": 50, "epochs": None})) == (50, "max_steps")
     factors = [loop.lr_factor(s, 10, t) for s in range(10)]
     assert factors[:2] == [0.5, 1.0]  # linear warm-up
     assert factors[2] == 1.0 and all(a > b for a, b in zip(factors[2:], factors[3:])) and 0 < factors[-1] < 0.05  # cosine decay to ~0
     assert math.isclose(loop.lr_factor(6, 10, t), 0.5)  # half-way through the decay
-    assert [loop.lr_factor(s, 10, OmegaConf.merge(t, {"schedule": "constant"})) for s in (2, 9)] == [1.0, 1.0]
+    assert [loop.lr_factor(s, 10, merge(t, {"schedule": "constant"})) for s in (2, 9)] == [1.0, 1.0]
     seqs = list(range(10))
-    steps = [loop.batch_at(seqs, OmegaConf.create({"batch_size": 4, "seed": 0}), s) for s in range(3)]
+    steps = [loop.batch_at(seqs, train_settings(batch_size=4, seed=0), s) for s in range(3)]
     assert sorted(x for b in steps for x in b) == seqs  # one epoch covers every sequence once
 
 

@@ -7,7 +7,6 @@ them); one builds two real tiny-llama runs through specbench.runner.run.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

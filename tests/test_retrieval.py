@@ -11,7 +11,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 from helpers import CONF, ar_tokens, build, method_cfg, run_cli, tiny_model
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -347,7 +346,7 @@ def test_global_trie_holds_exactly_the_methods_own_outputs_and_drafts_only_what_
     ("rest", {"max_suffix": 0}, "method.max_suffix=0"), ("rest", {"num_draft": 0}, "method.num_draft=0"),
     ("rest", {"min_suffix": 5, "max_suffix": 3}, "method.min_suffix=5 is above"),
     ("rest", {"cut": "heap"}, "unknown method.cut 'heap'; allowed: nodes, paths"),
-    ("rest", {"corpus": ["/nonexistent.txt"]}, "'/nonexistent.txt' not found"), ("rest", {"corpus": []}, "corpus is empty"),
+    ("rest", {"corpus": ["/nonexistent.txt"]}, "'/nonexistent.txt' not found"), ("rest", {"corpus": []}, r"method.corpus=\[\] is not allowed; expected a non-empty list"),
     ("rest", {"corpus": [CORPUS], "build_missing": False}, "python -m specbench.datastore"),
     ("suffix", {"max_depth": 0}, "method.max_depth=0"), ("suffix", {"min_token_prob": 2}, "method.min_token_prob=2"),
     ("suffix", {"spec": "dag"}, "unknown method.spec 'dag'; allowed: path, tree"),

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import CONF, ar_tokens, build, run_cli, tiny_model
+from helpers import CONF, ar_tokens, build, method_cfg, run_cli, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 from test_lossless import SETTINGS, TARGETS, check_lossless, prompts
 from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
 from test_retrieval import QA, REPETITIVE, own_corpus, sampleable_paths, store
@@ -25,6 +24,7 @@ from test_retrieval import QA, REPETITIVE, own_corpus, sampleable_paths, store
 from specbench.errors import SpecBenchError
 from specbench.methods.eagle_head import training_pairs
 from specbench.methods.sam import CorpusIndex, SuffixAutomaton, choose
+from specbench.settings import merge
 from specbench.summary import source_split
 
 CORPUS = str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")
@@ -37,8 +37,7 @@ AUX = {  # what each auxiliary needs on the 4-layer tiny model (test_every_metho
 
 
 def samd(target, aux="eagle", sampling=None, corpus_tokens=None, **kw):
-    cfg = OmegaConf.merge(OmegaConf.load(CONF / "method" / "samd.yaml"),
-                          {"corpus": [CORPUS], "aux": aux, "aux_settings": AUX[aux]}, kw)
+    cfg = merge(method_cfg("samd", corpus=[CORPUS], aux=aux, aux_settings=AUX[aux]), kw)
     m = build("samd", target, cfg, **({"sampling": sampling} if sampling else {}))
     if corpus_tokens is not None:
         m.static = CorpusIndex(store(corpus_tokens))
@@ -328,9 +327,8 @@ def test_source_split_counts_steps_and_tokens_per_source():
 ])
 def test_bad_settings_are_one_line_errors(kw, words, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
-    cfg = OmegaConf.merge(OmegaConf.load(CONF / "method" / "samd.yaml"), {"corpus": [CORPUS], "aux_settings": UNTRAINED}, kw)
     with pytest.raises(SpecBenchError, match=words):
-        build("samd", tiny_model(), cfg)
+        build("samd", tiny_model(), merge(method_cfg("samd", corpus=[CORPUS], aux_settings=UNTRAINED), kw))
 
 
 @pytest.mark.slow
@@ -361,12 +359,13 @@ def test_first_use_trains_the_auxiliarys_part_with_its_settings(tmp_path, data_d
     from specbench import firstuse
     from specbench.artifacts import checkpoint_meta
     from specbench.models import load_model
+    from specbench.settings import of
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
     cfg = cfg_for(tmp_path, data_dir, "method=samd")
-    target = load_model(cfg.model)
-    missing = firstuse.missing_parts(cfg, target)
+    target = load_model(of(cfg).model)
+    missing = firstuse.missing_parts(of(cfg), target)
     assert [(p.train, p.method.name) for p in missing] == [("eagle", "eagle")]
-    assert firstuse.ensure_trained(cfg, target) == missing
-    assert not firstuse.missing_parts(cfg, target)
+    assert firstuse.ensure_trained(of(cfg), target) == missing
+    assert not firstuse.missing_parts(of(cfg), target)
     assert checkpoint_meta(missing[0].path)["settings"]["method"]["name"] == "eagle"

@@ -5,13 +5,12 @@ import json
 
 import pytest
 import torch
+from helpers import build, control_settings, method_cfg, tiny_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
 from specbench.engine.sampling import SamplingConfig, probs
 from specbench.errors import SpecBenchError
-from specbench.methods import build_method
 from specbench.methods.self_sd import heuristic_skip, resolve_skip
 from specbench.models import LayerSkip, load_model
 from specbench.skipsearch import load_result, result_path, save_result, search_skip_set
@@ -32,18 +31,16 @@ def one_thread():
 @functools.lru_cache(maxsize=None)
 def tiny():
     torch.set_grad_enabled(False)
-    return load_model(OmegaConf.create(
-        {"name": "tiny-llama", "loader": "tiny", "init_std": 0.3, "dtype": "float64", "num_layers": NUM_LAYERS}
-    ))
+    return load_model(tiny_settings(num_layers=NUM_LAYERS))
 
 
 def self_sd(skip: dict, control: dict, sampling: SamplingConfig = SamplingConfig()):
-    cfg = OmegaConf.create({"name": "self_sd", "skip": skip})
-    return build_method("self_sd", tiny(), cfg, sampling, ctx={"control": control})
+    over = {k: v for k, v in control.items() if k != "name"}
+    return build("self_sd", tiny(), method_cfg("self_sd", skip=skip), sampling, control_settings(control["name"], **over))
 
 
 def ar_tokens(prompt, max_new, seed=0):
-    return build_method("ar", tiny(), OmegaConf.create({"name": "ar"}), SamplingConfig()).generate(prompt, max_new, EOS, seed).tokens
+    return build("ar", tiny(), method_cfg("ar")).generate(prompt, max_new, EOS, seed).tokens
 
 
 layer_sets = st.lists(st.integers(0, NUM_LAYERS - 1), max_size=NUM_LAYERS, unique=True)
@@ -112,16 +109,17 @@ def test_heuristic_skip_set():
     assert min(s.attn | s.mlp) >= 30 // 4 and max(s.attn | s.mlp) < 29  # upper 3/4, last layer kept
     assert len(s.attn) > len(s.mlp)
     assert heuristic_skip(1) == LayerSkip()
-    skip, info = resolve_skip(tiny(), OmegaConf.create({"source": "heuristic", "attn": [], "mlp": []}))
+    skip, info = resolve_skip(tiny(), method_cfg("self_sd", skip={"source": "heuristic"}).skip)
     assert skip == heuristic_skip(NUM_LAYERS) and info["skip_source"] == "heuristic"
     # the default (auto) without lists is the heuristic
-    assert resolve_skip(tiny(), {})[0] == heuristic_skip(NUM_LAYERS)
+    assert resolve_skip(tiny(), method_cfg("self_sd").skip)[0] == heuristic_skip(NUM_LAYERS)
 
 
 def test_bad_layer_index():
     with pytest.raises(SpecBenchError, match=r"skip.attn layer 4 .*valid indices 0\.\.3"):
         self_sd({"source": "explicit", "attn": [1, 4]}, {"name": "fixed", "k": 3})
-    with pytest.raises(SpecBenchError, match=r"skip.mlp layer -1"):
+    # a negative index is refused by the settings (as the command line's check does), before the method
+    with pytest.raises(SpecBenchError, match=r"method.skip.mlp=\[-1\] is not allowed; expected a list of an integer >= 0"):
         self_sd({"mlp": [-1]}, {"name": "fixed", "k": 3})
     with pytest.raises(SpecBenchError, match="unknown skip.source"):
         self_sd({"source": "magic"}, {"name": "fixed", "k": 3})

@@ -4,7 +4,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -12,7 +11,7 @@ CHECK = REPO / "tools" / "missing_requirements.py"
 
 
 def check(tmp_path, deps, extras=None, extra_arg=""):
-    lines = [f'name = "pytest"', "dependencies = [" + ", ".join(f'"{d}"' for d in deps) + "]"]
+    lines = ['name = "pytest"', "dependencies = [" + ", ".join(f'"{d}"' for d in deps) + "]"]
     if extras:
         lines += ["[project.optional-dependencies]"] + [f'{k} = ["{v}"]' for k, v in extras.items()]
     (tmp_path / "pyproject.toml").write_text("[project]\n" + "\n".join(lines) + "\n")

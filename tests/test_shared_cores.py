@@ -8,10 +8,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import specbench.runner as runner
-from helpers import CONF
+from helpers import CONF, run_settings
 import specbench.interference as interference
 from specbench.interference import foreign_cpu, measure_load, read_cpu_busy, shared_cores
 from specbench.report import report
+from specbench.settings import merge
+
+
+def measure(**over):
+    """conf/config.yaml's measure group (as composed) with `over`."""
+    return merge(run_settings().measure, over)
 
 
 def rec(load=1.0, cpu_ar=1.9, cpu_m=1.9, cores=2, threads=2):
@@ -21,25 +27,25 @@ def rec(load=1.0, cpu_ar=1.9, cpu_m=1.9, cores=2, threads=2):
 
 
 def test_quiet_run_is_not_flagged():
-    s = shared_cores([rec(), rec(load=1.8)])
+    s = shared_cores([rec(), rec(load=1.8)], measure())
     assert s["shared"] is False and s["reasons"] == [] and s["loadavg_1m_median"] == 1.4
 
 
 def test_load_above_the_usable_cores_flags_the_run():
-    s = shared_cores([rec(load=6.12), rec(load=5.0), rec(load=1.0)])  # the issue's PLD run: load 6.12 on 2 cores
+    s = shared_cores([rec(load=6.12), rec(load=5.0), rec(load=1.0)], measure())  # the issue's PLD run: load 6.12 on 2 cores
     assert s["shared"] and s["reasons"] == ["load average 5.00 > 1 x 2 usable cores"]
-    assert not shared_cores([rec(load=6.12)] * 3, {"max_load_per_core": 4})["shared"]  # the threshold is the config's
+    assert not shared_cores([rec(load=6.12)] * 3, measure(**{"max_load_per_core": 4}))["shared"]  # the threshold is the config's
 
 
 def test_cpu_well_under_the_threads_flags_the_run_on_cpu_only():
-    s = shared_cores([rec(cpu_m=0.56)] * 3)  # the issue's CPU/wall 0.56 at 2 threads
+    s = shared_cores([rec(cpu_m=0.56)] * 3, measure())  # the issue's CPU/wall 0.56 at 2 threads
     assert s["shared"] and s["reasons"] == ["method CPU/wall 0.560 < 1.00 (2 threads)"]
-    assert not shared_cores([rec(cpu_m=0.56)] * 3, on_cpu=False)["shared"]  # a GPU run's host thread waits
-    assert not shared_cores([rec(cpu_ar=0.9, cpu_m=0.9, threads=1)] * 3)["shared"]
+    assert not shared_cores([rec(cpu_m=0.56)] * 3, measure(), on_cpu=False)["shared"]  # a GPU run's host thread waits
+    assert not shared_cores([rec(cpu_ar=0.9, cpu_m=0.9, threads=1)] * 3, measure())["shared"]
 
 
 def test_runs_recorded_without_load_are_not_judged():
-    assert shared_cores([{"ar": {}, "method": {}}]) is None
+    assert shared_cores([{"ar": {}, "method": {}}], measure()) is None
 
 
 def run_cfg(run_dir, *extra):
@@ -124,7 +130,7 @@ def test_a_busy_other_core_does_not_flag_a_run_pinned_to_an_idle_one(tmp_path, m
     # core 0 busy the whole time, load average 3 on a 1-CPU affinity: the load-average rule would flag it
     r = pinned_run(tmp_path, monkeypatch, busy_other=5.0, busy_own=4.0, own_cpu=4.0, load=3.0)
     assert r["method"]["load"]["foreign_s"] == 0.0
-    s = shared_cores([r] * 3, {"min_cpu_per_thread": 0})
+    s = shared_cores([r] * 3, measure(**{"min_cpu_per_thread": 0}))
     assert s["shared"] is False and s["foreign_share"] == 0.0 and s["judged_by"] == "proc_stat"
     assert s["loadavg_1m_median"] == 3.0  # recorded beside it
 
@@ -133,9 +139,9 @@ def test_a_busy_own_core_flags_the_run(tmp_path, monkeypatch):
     # our CPU busy the whole 5 s, the process had 3 s of it: others took 2 s (40%); the load average looks quiet
     r = pinned_run(tmp_path, monkeypatch, busy_other=0.0, busy_own=5.0, own_cpu=3.0, load=0.2)
     assert r["ar"]["load"]["foreign_s"] == pytest.approx(2.0)
-    s = shared_cores([r] * 3, {"min_cpu_per_thread": 0})
+    s = shared_cores([r] * 3, measure(**{"min_cpu_per_thread": 0}))
     assert s["shared"] and s["reasons"] == ["others took 40.0% of CPUs 1 > 10%"]
-    assert not shared_cores([r] * 3, {"min_cpu_per_thread": 0, "max_foreign_share": 0.5})["shared"]  # the config's
+    assert not shared_cores([r] * 3, measure(**{"min_cpu_per_thread": 0, "max_foreign_share": 0.5}))["shared"]  # the config's
 
 
 def test_without_proc_stat_the_load_average_judges(tmp_path, monkeypatch):
@@ -143,5 +149,5 @@ def test_without_proc_stat_the_load_average_judges(tmp_path, monkeypatch):
     _, measured = measure_load(lambda: None)
     assert measured["foreign_s"] is None
     r = {"ar": {"load": measured | {"loadavg_1m": 9.0, "cores": 2}}, "method": {"load": measured | {"loadavg_1m": 9.0, "cores": 2}}}
-    s = shared_cores([r], {"min_cpu_per_thread": 0})
+    s = shared_cores([r], measure(**{"min_cpu_per_thread": 0}))
     assert s["shared"] and s["judged_by"] == "loadavg" and s["foreign_share"] is None

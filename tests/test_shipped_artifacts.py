@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from specbench import artifacts
+from specbench import artifacts, settings
 from specbench.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
 from specbench.provenance import file_sha256
 from specbench.publish import publish
 from specbench.train.eagle3 import train_eagle3
 from specbench.train.parts import FIRST_USE
-from tests.helpers import ar_tokens, build, tiny_model
+from tests.helpers import ar_tokens, build, method_cfg, tiny_model, train_run
 from tests.test_medusa import tiny_sequences, train_cfg
 
 MCFG = {"name": "eagle3", "top_k": 3, "depth": 3, "num_nodes": 8, "draft_vocab_size": 48, "ttt_steps": 2,
@@ -36,7 +35,7 @@ def test_lm_head_target_is_not_saved_and_is_derived_at_load(tmp_path, monkeypatc
     target, path = trained(tmp_path, monkeypatch)
     state = artifacts.read_checkpoint(path, "-")["state"]
     assert "lm_head.weight" not in state and "fc.weight" in state
-    m = build("eagle3", target, OmegaConf.create(MCFG))
+    m = build("eagle3", target, method_cfg(**MCFG))
     assert m.info["head_trained"]
     assert torch.equal(m.head.lm_head.weight, target.lm_head.weight[m.head.target_ids()])
     prompt = tiny_sequences(1, seed=5)[0][0][:10]
@@ -46,7 +45,7 @@ def test_lm_head_target_is_not_saved_and_is_derived_at_load(tmp_path, monkeypatc
 def test_a_checkpoint_with_its_own_head_is_refused_under_lm_head_target(tmp_path, monkeypatch):
     target, path = trained(tmp_path, monkeypatch, MCFG | {"lm_head": "trained"})
     with pytest.raises(SpecBenchError, match="was trained for .* not eagle3 .*lm_head.: .target"):
-        build("eagle3", target, OmegaConf.create(MCFG | {"checkpoint": path}))
+        build("eagle3", target, method_cfg(**MCFG | {"checkpoint": path}))
 
 
 def test_a_published_checkpoint_is_found_and_a_local_training_wins(tmp_path, monkeypatch):
@@ -57,12 +56,12 @@ def test_a_published_checkpoint_is_found_and_a_local_training_wins(tmp_path, mon
     assert info["sha256"] == file_sha256(shipped) and "tiny-llama" in info["command"]
     assert all(v.dtype in (torch.float16, torch.long, torch.bool) for v in
                artifacts._flatten(artifacts.read_checkpoint(shipped, "-")["state"]).values())
-    cfg = OmegaConf.create({"method": MCFG})
+    cfg = train_run(MCFG)
     assert str(FIRST_USE["eagle3"](cfg, target)[0].path) == path  # the cache's own first
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
     parts = FIRST_USE["eagle3"](cfg, target)
     assert parts[0].path == shipped and parts[0].path.is_file()  # first use trains nothing
-    m = build("eagle3", target, OmegaConf.create(MCFG))
+    m = build("eagle3", target, method_cfg(**MCFG))
     assert m.info["checkpoint"] == str(shipped) and m.info["head_trained"]
     local = artifacts.read_checkpoint(path, "-")["state"]
     assert torch.equal(m.head.fc.weight, local["fc.weight"].half().to(m.head.fc.weight.dtype))
@@ -71,10 +70,11 @@ def test_a_published_checkpoint_is_found_and_a_local_training_wins(tmp_path, mon
 
 
 def test_structure_key_of_lm_head():
-    assert structure_of(OmegaConf.create({"layers": "auto", "draft_vocab_size": 8})) == {"layers": "auto", "draft_vocab_size": 8}
-    assert structure_of(OmegaConf.create({"draft_vocab_size": 8, "lm_head": "target"}))["lm_head"] == "target"
-    with pytest.raises(SpecBenchError, match="method.lm_head='x'"):
-        structure_of(OmegaConf.create({"lm_head": "x"}))
+    trained = method_cfg("eagle3", layers="auto", draft_vocab_size=8, lm_head="trained")
+    assert structure_of(trained) == {"layers": "auto", "draft_vocab_size": 8}
+    assert structure_of(method_cfg("eagle3", draft_vocab_size=8, lm_head="target"))["lm_head"] == "target"
+    with pytest.raises(SpecBenchError, match="unknown method.lm_head 'x'; allowed: target, trained"):
+        structure_of(method_cfg("eagle3", lm_head="x"))
 
 
 def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp_path, monkeypatch, data_dir):
@@ -90,13 +90,13 @@ def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp
     monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
     shipped = publish(path, "python -m specbench.train method=eagle3 model=tiny-llama")
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
-    assert build("eagle3", target, OmegaConf.create(MCFG)).info["checkpoint"] == str(shipped)  # as shipped: loads
+    assert build("eagle3", target, method_cfg(**MCFG)).info["checkpoint"] == str(shipped)  # as shipped: loads
     with safe_open(str(shipped), framework="pt") as f:  # altered: still a valid, finite checkpoint, same metadata
         meta, flat = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     flat["fc.weight"] = flat["fc.weight"] * 2
     save_file(flat, str(shipped), metadata=meta)
     with pytest.raises(SpecBenchError, match=f"published artifact {shipped} does not match its shipped sha256") as e:
-        build("eagle3", target, OmegaConf.create(MCFG))
+        build("eagle3", target, method_cfg(**MCFG))
     assert "\n" not in str(e.value) and "train your own" in str(e.value)
     run_dir = tmp_path / "run"
     overrides = [f"method.{k}={v}" for k, v in MCFG.items() if k != "name"] + ["method.train_if_missing=false"]
@@ -105,7 +105,7 @@ def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp
     assert not run_dir.exists()  # nothing written
     shipped.with_suffix(".json").unlink()
     with pytest.raises(SpecBenchError, match="has no readable manifest"):
-        build("eagle3", target, OmegaConf.create(MCFG))
+        build("eagle3", target, method_cfg(**MCFG))
 
 
 SHIPPED = sorted(artifacts.PUBLISHED.rglob("*.safetensors")) if artifacts.PUBLISHED.is_dir() else []
@@ -135,10 +135,10 @@ def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_not
     monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
     shipped = [publish(Path(out[k]), "python -m specbench.train method=eesd model=tiny-llama") for k in ("eesd", "cali")]
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
-    target = tiny_model()
-    parts = FIRST_USE["eesd"](cfg, target)
-    assert sorted(p.path for p in parts) == sorted(shipped) and missing_parts(cfg, target) == []
-    m = build("eesd", target, cfg.method)
+    target, run = tiny_model(), settings.of(cfg)
+    parts = FIRST_USE["eesd"](run, target)
+    assert sorted(p.path for p in parts) == sorted(shipped) and missing_parts(run, target) == []
+    m = build("eesd", target, run.method)
     assert m.info["exit_trained"] and m.info["checkpoint"] == str(shipped[0])
 
 
@@ -155,6 +155,6 @@ def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
     from specbench.train.session import FIRST_USE as every  # imports every trainer module: the registry is whole
 
     kind = path.parent.name
-    cfg = compose([f"method={SHIPPED_METHODS[kind]}"])
+    cfg = settings.of(compose([f"method={SHIPPED_METHODS[kind]}"]))
     target = types.SimpleNamespace(key=path.parent.parent.name)
     assert path in [p.path for p in every[cfg.method.name](cfg, target)]

@@ -4,7 +4,6 @@ a checkpoint reloads to identical outputs, the runner's baseline contract."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
-from omegaconf import OmegaConf
 
 import specbench.train.space  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
@@ -57,8 +56,8 @@ def test_train_lowers_loss_reload_identical_greedy_equal(tmp_path, monkeypatch):
     res = TRAINERS["space"](target, train_cfg(mcfg, epochs=8), tiny_sequences())
     assert res["held_out_loss_after"] < res["held_out_loss_before"]
     assert torch.equal(target.lm_head.weight, before_w)  # the shared target is untouched
-    a = build("space", target, OmegaConf.create(mcfg))
-    b = build("space", target, OmegaConf.create(mcfg))
+    a = build("space", target, method_cfg(**mcfg))
+    b = build("space", target, method_cfg(**mcfg))
     assert a.info["space_trained"]
     assert not torch.equal(a.finetuned_adapter.lm_head.weight, target.lm_head.weight)
     prompt = tiny_sequences(1, seed=5)[0][0][:10]
@@ -74,7 +73,7 @@ def test_lora_option_trains(tmp_path, monkeypatch):
     mcfg = {"name": "space", "k": 2, "p_ar": 0.5, "lora": True, "lora_r": 4, "lora_alpha": 8, "lr": 1e-2}
     res = TRAINERS["space"](target, train_cfg(mcfg, epochs=2), tiny_sequences(8))
     assert res["held_out_loss_after"] < res["held_out_loss_before"]
-    m = build("space", target, OmegaConf.create(mcfg))
+    m = build("space", target, method_cfg(**mcfg))
     prompt = [0, 5, 6, 7]
     assert m.generate(prompt, 12, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 12)
 

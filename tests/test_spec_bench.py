@@ -7,7 +7,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from helpers import CONF
+from helpers import CONF, task_settings
 from specbench.errors import SpecBenchError
 from specbench.report import report
 from specbench.runner import run
@@ -34,9 +34,9 @@ def question_file(tmp_path):
 
 
 def cfg(path, **kw):
-    base = {"name": "spec_bench", "path": str(path) if path else None, "prompt_field": "turns", "id_field": "question_id",
+    base = {"path": str(path) if path else None, "prompt_field": "turns", "id_field": "question_id",
             "category_field": "category", "group_mt_bench": True, "url": "https://example.invalid/q.jsonl"}
-    return base | kw
+    return task_settings("spec_bench", **(base | kw))
 
 
 def test_loads_and_groups_mt_bench(question_file):

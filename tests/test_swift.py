@@ -12,10 +12,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from helpers import CONF, GREEDY, ar_tokens, build, control, run_cli, tiny_model
+from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 from test_medusa import E2E_SAMPLING, check_sampling_matches_target
 from test_runner import make_cfg, records
 
@@ -32,7 +31,7 @@ PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]
 
 
 def swift(target=None, sampling=GREEDY, ctrl=None, **kw):
-    cfg = OmegaConf.merge(OmegaConf.load(CONF / "method" / "swift.yaml"), kw)
+    cfg = method_cfg("swift", **kw)
     return build("swift", target or tiny_model(), cfg, sampling, ctrl or control("threshold", 25, gamma=0.8))
 
 
@@ -283,7 +282,7 @@ def test_run_records_layer_sets_and_times_the_optimisation(tmp_path, data_dir):
 @pytest.mark.parametrize("kw, words", [
     ({"skip_ratio": 1.5}, "method.skip_ratio=1.5 is not allowed"), ({"context_window": 0}, "method.context_window=0"),
     ({"verification": "dag"}, "unknown method.verification 'dag'; allowed: chain, tree"),
-    ({"bayes": "yes"}, "method.bayes=yes"), ({"max_opt_iter": 2.5}, "method.max_opt_iter=2.5"),
+    ({"bayes": "yes"}, "method.bayes='yes' is not allowed; expected true or false"), ({"max_opt_iter": 2.5}, "method.max_opt_iter=2.5"),
 ])
 def test_bad_settings_are_one_line_errors(kw, words):
     with pytest.raises(SpecBenchError, match=words):

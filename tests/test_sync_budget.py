@@ -43,12 +43,12 @@ from collections import Counter
 import pytest
 import test_every_method as every
 from fakecuda import fake_cuda, fake_tiny_llama
-from helpers import build
-from omegaconf import OmegaConf
+from helpers import build, controller_args
 
-from specbench.control.cali_ts import CaliPredictor
+from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods.base import METHODS, SpeculativeMethod
+from specbench.settings import merge
 
 pytestmark = pytest.mark.fake_cuda
 
@@ -68,10 +68,16 @@ def case_name(method, controller, overrides, sampling) -> str:
     return name + (" (sampling)" if not sampling.greedy else "")
 
 
-def controller_config(controller: str | None, t):
+def controller_config(controller: str | None):
     if controller == PREDICTOR:
-        return every.control_config("cali_ts") | {"predictor": CaliPredictor(t.hidden_size).to(t.device)}
+        return every.control_config("cali_ts")
     return every.control_config(controller) if controller else None
+
+
+def with_predictor(m, t) -> None:
+    """Cali-TS with a predictor on the model's device (no config holds the object: set after the build)."""
+    args = controller_args("cali_ts", k_max=every.K_MAX) | {"predictor": CaliPredictor(t.hidden_size).to(t.device)}
+    m.controller = CaliTS(**args)
 
 
 def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, execution: str = "eager"):
@@ -81,8 +87,10 @@ def count(method: str, controller: str | None, sampling=GREEDY, overrides=None, 
     with fake_cuda(bool_value=True) as mode:
         t = fake_tiny_llama(num_layers=LAYERS)
         t.set_execution(execution, 16)
-        cfg = OmegaConf.merge(every.method_config(method), overrides or {})
-        m = build(method, t, cfg, sampling, controller_config(controller, t))
+        cfg = merge(every.method_config(method), overrides or {})
+        m = build(method, t, cfg, sampling, controller_config(controller))
+        if controller == PREDICTOR:
+            with_predictor(m, t)
         counter, steps, trees, device_trees = mode.counter, [], set(), set()
         start, step = m.start, m.step
         draft = getattr(m, "draft_candidates", None)

@@ -3,6 +3,9 @@ import time
 
 import pytest
 
+from helpers import task_settings
+
+from specbench import settings
 from specbench.errors import SpecBenchError
 from specbench.tasks import TASKS, Sample, build_task
 from specbench.tasks.gsm8k import extract_number
@@ -13,7 +16,7 @@ BUILTIN = ["gsm8k", "xsum", "humaneval", "mt_bench"]
 
 
 def task(name, data_dir, **cfg):
-    return build_task({"name": name, "data_dir": str(data_dir), "num_samples": 5, "seed": 0, **cfg})
+    return build_task(task_settings(name, **{"data_dir": str(data_dir), "num_samples": 5, "seed": 0} | cfg))
 
 
 @pytest.fixture
@@ -30,7 +33,7 @@ def no_hub(monkeypatch):
 def test_registry_and_unknown_task():
     assert set(BUILTIN + ["jsonl"]) <= set(TASKS)
     with pytest.raises(SpecBenchError, match="unknown task 'nope'; allowed: .*gsm8k"):
-        build_task({"name": "nope"})
+        build_task(settings.group("task", {"name": "nope"}))  # a task without a table or a class
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -156,7 +159,7 @@ def test_mt_bench_turns_and_messages(data_dir):
     math = task("mt_bench", data_dir, num_samples=None, categories=["math"]).load()
     assert len(math) == 10 and {x.category for x in math} == {"math"}
     with pytest.raises(SpecBenchError, match="unknown mt_bench categories.*allowed: coding"):
-        task("mt_bench", data_dir, categories="poetry").load()
+        task("mt_bench", data_dir, categories=["poetry"]).load()
 
 
 def test_messages_with_system_and_few_shot():
@@ -176,8 +179,8 @@ def test_jsonl_task(tmp_path):
         {"q": "Capital of France?", "a": "Paris", "key": "k1", "cat": "geo"},
         {"q": ["Say hi.", "Say bye."], "a": ["hi", "bye"], "key": "k2", "cat": "chat"},
     ])
-    t = build_task({"name": "jsonl", "path": str(path), "prompt_field": "q", "reference_field": "a",
-                    "id_field": "key", "category_field": "cat", "system": "Be brief."})
+    t = build_task(task_settings("jsonl", **{"path": str(path), "prompt_field": "q", "reference_field": "a",
+                    "id_field": "key", "category_field": "cat", "system": "Be brief."}))
     s1, s2 = t.load()
     assert (s1.id, s1.turns, s1.category, s1.system) == ("k1", ["Capital of France?"], "geo", "Be brief.")
     assert s2.turns == ["Say hi.", "Say bye."]
@@ -189,7 +192,7 @@ def test_jsonl_task(tmp_path):
 
 def test_jsonl_without_reference_and_default_ids(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
-    t = build_task({"name": "jsonl", "path": "p.jsonl", "data_dir": str(tmp_path)})  # relative to data_dir
+    t = build_task(task_settings("jsonl", **{"path": "p.jsonl", "data_dir": str(tmp_path)}))  # relative to data_dir
     samples = t.load()
     assert [s.id for s in samples] == ["0", "1"] and t.score(samples[0], ["x"]) == {}
     assert t.primary_metric is None
@@ -206,13 +209,13 @@ def test_jsonl_errors(tmp_path, rows, cfg, message):
     if rows is not None:
         cfg = {"path": str(write_jsonl(tmp_path / "p.jsonl", rows)), **cfg}
     with pytest.raises(SpecBenchError, match=message):
-        build_task({"name": "jsonl", **cfg}).load()
+        build_task(task_settings("jsonl", **cfg)).load()
 
 
 def test_jsonl_bad_json(tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(SpecBenchError, match=r"p.jsonl:2 is not valid JSON"):
-        build_task({"name": "jsonl", "path": str(tmp_path / "p.jsonl")}).load()
+        build_task(task_settings("jsonl", **{"path": str(tmp_path / "p.jsonl")})).load()
 
 
 # -- sandbox ------------------------------------------------------------------------------------

@@ -66,9 +66,7 @@ def fake_cuda(monkeypatch):
 
 def _generate(name: str, mode: str, max_new: int = 40, **ctrl):
     target = tiny_model()
-    m = build(name, target, method_cfg(name), ctrl=control(k=4, **ctrl))
-    m.ctx["cfg"] = {"timing": mode}
-    m.timing = mode
+    m = build(name, target, method_cfg(name), ctrl=control(k=4, **ctrl), timing=mode)
     prompt = list(range(5, 25)) * 2
     return m.generate(prompt, max_new, frozenset(), seed=0)
 

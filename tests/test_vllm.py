@@ -100,11 +100,10 @@ def test_native_fingerprints_are_unchanged_by_the_engine_group():
 
 
 def test_speculative_config_maps_conf_names_to_vllms():
-    from omegaconf import OmegaConf
-
+    from specbench.settings import of
     from specbench.vllm_engine.settings import speculative_config
 
-    plain = lambda c: OmegaConf.to_container(c.method, resolve=True)  # noqa: E731
+    plain = lambda c: of(c).method  # noqa: E731 - the method's settings
     assert speculative_config(plain(vllm_cfg("method=ar"))) is None
     assert speculative_config(plain(vllm_cfg("method=ngram", "method.prompt_lookup_max=4"))) == {
         "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
@@ -164,7 +163,6 @@ def test_worker_cpu_time_counts_the_processes_vllm_spawns():
     """vLLM computes in processes it spawns (engine core, workers): the worker's CPU time must include them,
     or its CPU share (which flags a measurement whose core other jobs took) would read near 0 for every run."""
     import subprocess
-    import time
 
     sys.path.insert(0, str(REPO / "specbench" / "vllm_engine"))
     try:
@@ -256,10 +254,11 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     s = run_vllm(cfg)
     first, second = _specs(fake_worker)
     assert first["batch_sizes"] == [1, 2, 4] and second["batch_sizes"] == [2, 4]  # resumed: only the missing ones
-    tok = load_tokenizer(cfg.model)
+    from specbench.settings import of
     from specbench.tasks import build_task
 
-    assert second["prompts"] == [tok.encode_chat(x.messages([])) for x in build_task(cfg.task).load()]
+    tok = load_tokenizer(of(cfg).model)
+    assert second["prompts"] == [tok.encode_chat(x.messages([])) for x in build_task(of(cfg).task).load()]
     assert second["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     assert second["sampling"]["stop_token_ids"] == sorted(tok.eos_ids) and second["sampling"]["max_tokens"] == 8
     assert second["max_num_seqs"] == 4

@@ -1,23 +1,22 @@
 """Draft-length controllers; importing this package registers the built-in ones in `CONTROLLERS`
 (`build_controller` lives here, not in base.py, so no module imports the package from inside it)."""
 
+from specbench import settings
 from specbench.control import beta_ts, cali_ts, fixed, threshold  # noqa: F401 - registration
 from specbench.control.base import CONTROLLERS, Controller, DraftInfo, DraftRef
 from specbench.errors import choice_error
 
-__all__ = ["CONTROLLERS", "DEFAULT_CONTROL", "Controller", "DraftInfo", "DraftRef", "build_controller"]
-
-# what a drafting method built without a control config (library use, tests) gets
-DEFAULT_CONTROL = {"name": "fixed", "k": 10}
+__all__ = ["CONTROLLERS", "Controller", "DraftInfo", "DraftRef", "build_controller"]
 
 
-def build_controller(cfg, draft: DraftRef | None = None, **extra) -> Controller:
-    """The controller named by `cfg`, with what it needs from `draft` attached (Cali-TS: the
-    predictor trained for that draft, when `predictor` is null or auto)."""
-    params = dict(cfg)
-    name = params.pop("name", None)
+def build_controller(cfg, seed: int, draft: DraftRef | None = None) -> Controller:
+    """The controller `cfg` (the control group's settings) names, its RNG seeded with `seed`, with
+    what it needs from `draft` attached (Cali-TS: the predictor trained for that draft, when
+    `predictor` is null or auto). Its parameters are the settings' keys, all of them given."""
+    settings.expect(cfg, "build_controller")
+    params = settings.record(cfg)
+    name = params.pop("name")
     if name not in CONTROLLERS:
         raise choice_error("controller", name, CONTROLLERS)
-    params.update(extra)
     cls = CONTROLLERS[name]
-    return cls(**cls.attach(params, draft))
+    return cls(**cls.attach(params, draft), seed=seed)

@@ -59,7 +59,7 @@ class Controller:
         """Settings worth recording with the results, beyond name and k_max."""
         return {}
 
-    def __init__(self, k_max: int = 10, seed: int = 0, **_: Any):
+    def __init__(self, k_max: int, seed: int, **_: Any):
         if int(k_max) < 1:
             raise SpecBenchError(f"control.k_max must be >= 1, got {k_max}")
         self.k_max = int(k_max)

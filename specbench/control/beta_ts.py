@@ -61,8 +61,7 @@ class BetaTS(Controller):
 
     name = "beta_ts"
 
-    def __init__(self, alpha0: float = 1.0, beta0: float = 1.0, reset_per_sequence: bool = True,
-                 counts: str = "consistent", k_max: int = 10, seed: int = 0, **kw):
+    def __init__(self, alpha0: float, beta0: float, reset_per_sequence: bool, counts: str, k_max: int, seed: int, **kw):
         super().__init__(k_max=k_max, seed=seed, **kw)
         if float(alpha0) <= 0 or float(beta0) <= 0:
             raise SpecBenchError(f"control.alpha0 and control.beta0 must be > 0, got {alpha0}, {beta0}")

@@ -147,9 +147,9 @@ class CaliTS(Controller):
 
     name = "cali_ts"
 
-    def __init__(self, sigma_m: float = 0.2, sigma_s: float = 0.3, theta0: float = 0.5, theta_update: str = "mean",
-                 predictor: CaliPredictor | str | Path | None = None, reset_per_sequence: bool = True,
-                 counts: str = "consistent", k_max: int = 10, seed: int = 0, predictor_path: str | None = None, **kw):
+    def __init__(self, sigma_m: float, sigma_s: float, theta0: float, theta_update: str,
+                 predictor: CaliPredictor | str | Path | None, reset_per_sequence: bool, counts: str, k_max: int,
+                 seed: int, predictor_path: str | None = None, **kw):
         super().__init__(k_max=k_max, seed=seed, **kw)
         if float(sigma_m) <= 0 or float(sigma_s) <= 0:
             raise SpecBenchError(f"control.sigma_m and control.sigma_s must be > 0, got {sigma_m}, {sigma_s}")

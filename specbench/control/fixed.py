@@ -12,10 +12,10 @@ class FixedK(Controller):
 
     name = "fixed"
 
-    def __init__(self, k: int = 10, k_max: int | None = None, seed: int = 0, **kw):
+    def __init__(self, k: int, k_max: int, seed: int, **kw):
         if int(k) < 1:
             raise SpecBenchError(f"control.k must be >= 1, got {k}")
-        k_max = int(k) if k_max is None else int(k_max)
+        k_max = int(k_max)  # conf/control/fixed.yaml: ${.k}, the cap follows K
         # A silent cap would report results for a K that was never run.
         if int(k) > k_max:
             raise SpecBenchError(f"control.k={k} exceeds control.k_max={k_max}; raise control.k_max too")

@@ -16,7 +16,7 @@ class StaticThreshold(Controller):
 
     name = "threshold"
 
-    def __init__(self, gamma: float = 0.6, k_max: int = 10, seed: int = 0, **kw):
+    def __init__(self, gamma: float, k_max: int, seed: int, **kw):
         super().__init__(k_max=k_max, seed=seed, **kw)
         if not 0.0 <= float(gamma) <= 1.0:
             raise SpecBenchError(f"control.gamma must be in [0, 1], got {gamma}")
@@ -49,8 +49,8 @@ class AdaptiveThreshold(StaticThreshold):
 
     name = "adaptive_threshold"
 
-    def __init__(self, gamma: float = 0.6, epsilon: float = 0.01, beta1: float = 0.5, beta2: float = 0.9,
-                 alpha: float = 0.8, reset_per_sequence: bool = False, k_max: int = 10, seed: int = 0, **kw):
+    def __init__(self, gamma: float, epsilon: float, beta1: float, beta2: float, alpha: float, reset_per_sequence: bool,
+                 k_max: int, seed: int, **kw):
         super().__init__(gamma=gamma, k_max=k_max, seed=seed, **kw)
         for key, v in {"beta1": beta1, "beta2": beta2, "alpha": alpha}.items():
             if not 0.0 <= float(v) <= 1.0:

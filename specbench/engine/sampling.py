@@ -19,6 +19,9 @@ from specbench.engine.transfer import upload
 
 @dataclass(frozen=True)
 class SamplingConfig:
+    """The decoding rule; SamplingConfig() is greedy decoding (what a run's `sampling.*` keys give is
+    `from_cfg(run.sampling)`)."""
+
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0
@@ -29,7 +32,8 @@ class SamplingConfig:
 
     @classmethod
     def from_cfg(cls, cfg) -> "SamplingConfig":
-        return cls(float(cfg.get("temperature", 0.0)), float(cfg.get("top_p", 1.0)), int(cfg.get("top_k", 0)))
+        """`cfg`: the run's `sampling` settings."""
+        return cls(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
 
 
 def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -112,12 +112,14 @@ def verification_input(prop: Proposal, pending: int) -> tuple[list[int], torch.T
 @dataclass
 class Verifier:
     acceptance: str = "auto"
-    epsilon: float = 0.09  # typical acceptance (Medusa 3.3.1)
-    delta: float = 0.3
+    epsilon: float | None = None  # typical acceptance (Medusa 3.3.1): method.epsilon and method.delta
+    delta: float | None = None
 
     def __post_init__(self):
         if self.acceptance not in ACCEPTANCE:
             raise choice_error("acceptance", self.acceptance, ACCEPTANCE)
+        if self.acceptance == "typical" and None in (self.epsilon, self.delta):
+            raise ValueError("typical acceptance needs its epsilon and delta")
 
     def lossless(self, sampling: SamplingConfig) -> bool:
         return self.acceptance != "typical" or sampling.greedy  # typical at T=0 is greedy

@@ -5,18 +5,22 @@ method is its file `specbench/methods/<name>.py` plus `conf/method/<name>.yaml`.
 `build_method` lives in the package, not in base.py, so that building one needs no import of the
 package from inside it (the registry pattern would otherwise be an import cycle)."""
 
+from specbench import settings
 from specbench.discover import import_submodules
 from specbench.engine.sampling import SamplingConfig
 from specbench.errors import choice_error
 from specbench.methods.base import METHODS, Method, register_method
 from specbench.models import ModelAdapter
+from specbench.settings import RunValues
 
 import_submodules(__name__)  # registration: each method module registers itself on import
 
 __all__ = ["METHODS", "Method", "build_method", "register_method"]
 
 
-def build_method(name: str, target: ModelAdapter, cfg, sampling: SamplingConfig, ctx: dict | None = None) -> Method:
+def build_method(name: str, target: ModelAdapter, cfg, sampling: SamplingConfig, run: RunValues) -> Method:
+    """`cfg`: the method's settings; `run`: the run-level values it reads (specbench/settings.py)."""
+    settings.expect(cfg, "build_method")
     if name not in METHODS:
         raise choice_error("method", name, METHODS)
-    return METHODS[name](target, cfg, sampling, ctx)
+    return METHODS[name](target, cfg, sampling, run)

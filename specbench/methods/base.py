@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from specbench.control import DEFAULT_CONTROL, DraftInfo, DraftRef, build_controller
+from specbench.control import DraftInfo, DraftRef, build_controller
 from specbench.engine.sampling import SamplingConfig, next_token, probs, sample
 from specbench.engine.timer import PhaseTimer
 from specbench.engine.transfer import take, upload
@@ -29,6 +29,7 @@ from specbench.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
 from specbench.models.graphs import CAPTURES
+from specbench.settings import RunValues
 
 
 @dataclass
@@ -63,13 +64,14 @@ class Method:
     def baseline_weights(self) -> str:
         return "base" if self.finetuned_adapter is None else "fine-tuned"
 
-    def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, ctx: dict | None = None):
+    def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, run: RunValues):
+        """`cfg`: the method's own settings (specbench/settings.py); `run`: the few run-level
+        values a method reads (timing, its controller's settings, the data dir, ...)."""
         self.target = target
         self.cfg = cfg
         self.sampling = sampling
-        self.ctx = ctx or {}
-        run_cfg = self.ctx.get("cfg") or {}
-        self.timing = str(run_cfg.get("timing", "fine"))  # engine/timer.py: fine | coarse
+        self.run = run
+        self.timing = str(run.timing)  # engine/timer.py: fine | coarse
         self.timer = PhaseTimer(target.device, self.timing, getattr(target, "devices", ()))
         self.gen: torch.Generator | None = None
 
@@ -163,15 +165,21 @@ class SpeculativeMethod(ARMethod):
     # lower layers); otherwise those entries are dropped before verification
     verify_reuses_draft_entries = False
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         self.controller = None
         if self.uses_controller:
-            control_cfg = (ctx or {}).get("control") or cfg.get("control") or DEFAULT_CONTROL
-            self.controller = build_controller(control_cfg, seed=int(cfg.get("seed", 0)), draft=self.draft_ref())
-        self.verifier = Verifier(self.acceptance, float(cfg.get("epsilon", 0.09)), float(cfg.get("delta", 0.3)))
+            if run.control is None:
+                raise SpecBenchError(f"method {self.name} drafts for a controller: its run values need the control settings")
+            # seeded with each generation's seed by start() before any draw
+            self.controller = build_controller(run.control, seed=0, draft=self.draft_ref())
+        self.verifier = Verifier(self.acceptance, *self.typical_acceptance())
         self.lossless = self.verifier.lossless(sampling)
         self.target_hidden: torch.Tensor | None = None
+
+    def typical_acceptance(self) -> tuple:
+        """(epsilon, delta) of typical acceptance, for a method whose `acceptance` can be typical."""
+        return ()
 
     def draft_ref(self) -> DraftRef | None:
         """What identifies this method's draft to a controller that has trained parts for it

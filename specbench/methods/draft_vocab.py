@@ -36,6 +36,7 @@ from torch import nn
 
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter, apply_backend, backend_of
+from specbench.settings import RunValues
 from specbench.train.data import build_sequences, sequences_path
 
 
@@ -75,13 +76,13 @@ class SubsetHead(nn.Module):
         return out.index_copy_(-1, self.ids, small)
 
 
-def _ranking(target: ModelAdapter, vcfg, run_cfg) -> tuple[list[int], str]:
-    source = str(vcfg.get("source", "distill"))
+def _ranking(target: ModelAdapter, vcfg, run: RunValues) -> tuple[list[int], str]:
+    source = str(vcfg.source)
     if source == "distill":
-        if run_cfg is None or "train" not in run_cfg:
+        if run.train is None:
             raise SpecBenchError("method.draft_vocab.source=distill needs the run's train config; give a ranked token file instead")
-        data_dir = (run_cfg.get("task") or {}).get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
-        sequences = build_sequences(target, run_cfg.train.data, data_dir, int(run_cfg.train.seed))
+        data_dir = run.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
+        sequences = build_sequences(target, run.train.data, data_dir, int(run.train.seed))
         return rank_tokens(sequences, target.vocab_size), "distill"
     path = Path(source).expanduser()
     if not path.is_file():
@@ -96,10 +97,11 @@ def _ranking(target: ModelAdapter, vcfg, run_cfg) -> tuple[list[int], str]:
     return list(dict.fromkeys(ranked)) + [t for t in range(target.vocab_size) if t not in seen], str(path)
 
 
-def vocab_subset(target: ModelAdapter, cfg, ctx: dict | None) -> tuple[torch.Tensor | None, dict]:
-    """The draft's token ids (None: the full vocabulary) and what to record about them."""
-    vcfg = cfg.get("draft_vocab") or {}
-    size = vcfg.get("size")
+def vocab_subset(target: ModelAdapter, cfg, run: RunValues) -> tuple[torch.Tensor | None, dict]:
+    """The draft's token ids (None: the full vocabulary) and what to record about them; `cfg`: the
+    method's settings (its `draft_vocab`), `run`: the run values (train data for source=distill)."""
+    vcfg = cfg.draft_vocab
+    size = vcfg.size
     if size is None:
         return None, {}
     V = target.vocab_size
@@ -107,19 +109,18 @@ def vocab_subset(target: ModelAdapter, cfg, ctx: dict | None) -> tuple[torch.Ten
         raise SpecBenchError(f"method.draft_vocab.size={size!r} is not allowed; expected an integer in [1, {V}] or null")
     if size == V:
         return None, {"draft_vocab": V}
-    run_cfg = (ctx or {}).get("cfg")
-    ranked, source = _ranking(target, vcfg, run_cfg)
+    ranked, source = _ranking(target, vcfg, run)
     ids = subset_ids(ranked, size, V, keep=sorted(target.tokenizer.eos_ids or ()))
-    return ids, {"draft_vocab": len(ids), "draft_vocab_source": source} | _data_file(target, source, run_cfg)
+    return ids, {"draft_vocab": len(ids), "draft_vocab_source": source} | _data_file(target, source, run)
 
 
-def _data_file(target: ModelAdapter, source: str, run_cfg) -> dict:
+def _data_file(target: ModelAdapter, source: str, run: RunValues) -> dict:
     """The file a distilled ranking was read from, named in describe() so that its hash joins the
     run's provenance: data regenerated between two sessions of one run gives another subset."""
     if source != "distill":
         return {}  # the ranked file is `source` itself, a path in describe() already
     for finished in (True, False):  # a generation a safety cap stopped is still in its journal
-        path = sequences_path(target, run_cfg.train.data, int(run_cfg.train.seed), finished)
+        path = sequences_path(target, run.train.data, int(run.train.seed), finished)
         if path.is_file():
             return {"draft_vocab_data": str(path)}
     return {}

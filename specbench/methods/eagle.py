@@ -57,12 +57,12 @@ class Eagle(SpeculativeMethod):
     load_head = staticmethod(load_eagle)  # (target, cfg) -> (head, info); EAGLE-3 brings its own head
     children = staticmethod(topk_children)  # how a frontier row proposes its children (eagle_tree.py)
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         self.head, self.info = self.load_head(target, cfg)
-        self.top_k = min(int(cfg.get("top_k", 4)), target.vocab_size)
-        self.depth = int(cfg.get("depth", 4))
-        self.num_nodes = int(cfg.get("num_nodes", 15))
+        self.top_k = min(int(cfg.top_k), target.vocab_size)
+        self.depth = int(cfg.depth)
+        self.num_nodes = int(cfg.num_nodes)
         for key, v, lo in (("top_k", self.top_k, 1), ("depth", self.depth, 0), ("num_nodes", self.num_nodes, 1)):
             if v < lo:
                 raise SpecBenchError(f"eagle {key} must be >= {lo}, got {v}")

@@ -31,8 +31,8 @@ class Eagle3(Eagle):
     name = "eagle3"
     load_head = staticmethod(load_eagle3)
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         if self.top_k > self.head.draft_vocab_size:
             raise SpecBenchError(f"eagle3 top_k={self.top_k} exceeds the draft vocabulary ({self.head.draft_vocab_size} tokens)")
         self.taps = None  # tapped features of the last verification forward [q, 3d]

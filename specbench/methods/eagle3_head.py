@@ -153,7 +153,7 @@ class Eagle3Head(nn.Module):
 
 
 def draft_size(target: ModelAdapter, cfg) -> int:
-    size = cfg.get("draft_vocab_size", None)
+    size = cfg.draft_vocab_size
     if size is None:
         return target.vocab_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -168,7 +168,7 @@ def lm_head_mode(cfg) -> str:
     """method.lm_head: `trained` (the authors': the draft's own head, saved) or `target` (the
     target's head rows of the draft vocabulary, frozen in training and not saved: derived from the
     target and d2t at load, so a checkpoint is ~half the size)."""
-    mode = str(cfg.get("lm_head", "trained"))
+    mode = str(cfg.lm_head)
     if mode not in LM_HEADS:
         raise SpecBenchError(f"method.lm_head={mode!r} is not allowed; allowed: {', '.join(LM_HEADS)}")
     return mode
@@ -176,9 +176,9 @@ def lm_head_mode(cfg) -> str:
 
 def structure_of(cfg) -> dict:
     """The cache key of a trained head (first use and loading agree): the settings as written."""
-    layers = cfg.get("layers", "auto")
+    layers = cfg.layers
     out = {"layers": layers if isinstance(layers, str) else [int(v) for v in layers],
-           "draft_vocab_size": cfg.get("draft_vocab_size", None)}
+           "draft_vocab_size": cfg.draft_vocab_size}
     return out | ({"lm_head": "target"} if lm_head_mode(cfg) == "target" else {})
 
 
@@ -221,8 +221,8 @@ def _released_config(target: ModelAdapter, path: Path) -> tuple[dict, int]:
 def released_layers(conf: dict, target: ModelAdapter, cfg):
     """Tap layers of a release: method.layers if set, else the config's eagle_config
     eagle_aux_hidden_state_layer_ids (vLLM's key, layer inputs), else the authors' default."""
-    if cfg.get("layers", "auto") not in (None, "auto"):
-        return tap_layers(target.num_layers, cfg.get("layers"))
+    if cfg.layers not in (None, "auto"):
+        return tap_layers(target.num_layers, cfg.layers)
     aux = (conf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") if isinstance(conf.get("eagle_config"), dict) else None
     return tap_layers(target.num_layers, aux if aux is not None else "auto")
 
@@ -245,12 +245,12 @@ def load_released(target: ModelAdapter, path: Path, cfg) -> tuple[Eagle3Head, di
 
 def load_eagle3(target: ModelAdapter, cfg) -> tuple[Eagle3Head, dict]:
     """checkpoint: auto (our cache), a .safetensors of ours, or a directory in the authors' format."""
-    where = cfg.get("checkpoint", "auto")
+    where = cfg.checkpoint
     if where not in (None, "none", "auto") and Path(str(where)).expanduser().is_dir():
         return load_released(target, Path(str(where)).expanduser(), cfg)
-    layers, size = tap_layers(target.num_layers, cfg.get("layers", "auto")), draft_size(target, cfg)
+    layers, size = tap_layers(target.num_layers, cfg.layers), draft_size(target, cfg)
     head = Eagle3Head(target, layers, torch.arange(size))  # untrained: the first ids (a checkpoint brings its own maps)
-    allow = bool(cfg.get("allow_untrained", False))
+    allow = bool(cfg.allow_untrained)
     ckpt = load_checkpoint("eagle3", target.key, structure_of(cfg), where, required=where != "auto" and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:

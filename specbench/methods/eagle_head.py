@@ -99,11 +99,11 @@ def load_released(target: ModelAdapter, path: Path) -> tuple[EagleHead, dict]:
 
 def load_eagle(target: ModelAdapter, cfg) -> tuple[EagleHead, dict]:
     """checkpoint: auto (our cache), a .pt of ours, or a directory in the authors' format."""
-    where = cfg.get("checkpoint", "auto")
+    where = cfg.checkpoint
     if where not in (None, "none", "auto") and Path(str(where)).expanduser().is_dir():
         return load_released(target, Path(str(where)).expanduser())
-    head = EagleHead(target, bool(cfg.get("bias", True)))
-    allow = bool(cfg.get("allow_untrained", False))
+    head = EagleHead(target, bool(cfg.bias))
+    allow = bool(cfg.allow_untrained)
     ckpt = load_checkpoint("eagle", target.key, head.structure(), where, required=where != "auto" and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:

@@ -74,9 +74,9 @@ class EarlyExit(nn.Module):
 
 
 def load_early_exit(target: ModelAdapter, cfg) -> tuple[EarlyExit, dict]:
-    exit_ = EarlyExit(target, int(cfg.get("n_layers", 2)), cfg.get("head", "shared"))
-    where = cfg.get("checkpoint", "auto")
-    ckpt = load_checkpoint("eesd", target.key, exit_.structure(), where, required=not cfg.get("allow_untrained", False),
+    exit_ = EarlyExit(target, int(cfg.n_layers), cfg.head)
+    where = cfg.checkpoint
+    ckpt = load_checkpoint("eesd", target.key, exit_.structure(), where, required=not cfg.allow_untrained,
                            model_name=target.name)
     info = {"n_layers": exit_.n_layers, "head": exit_.head_mode, "exit_trained": ckpt is not None}
     return apply_checkpoint(exit_, ckpt, target, info), info
@@ -87,11 +87,11 @@ class EESD(SpeculativeMethod):
     name = "eesd"
     verify_reuses_draft_entries = True  # layers 0..N-1 of the pending token and d1..d(k-1)
 
-    def __init__(self, target, cfg, sampling, ctx=None):
+    def __init__(self, target, cfg, sampling, run):
         self.exit, self.info = load_early_exit(target, cfg)
-        super().__init__(target, cfg, sampling, ctx)
+        super().__init__(target, cfg, sampling, run)
         self.n = self.exit.n_layers
-        ids, vocab_info = vocab_subset(target, cfg, ctx)
+        ids, vocab_info = vocab_subset(target, cfg, run)
         self.info |= vocab_info
         self.draft_head = None if ids is None else subset_head(self.exit.head or target.lm_head, ids, target)
 

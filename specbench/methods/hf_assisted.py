@@ -22,19 +22,19 @@ class HFAssisted(Method):
     name = "hf_assisted"
     external_loop = True  # transformers' generate() drafts, verifies and keeps its own cache
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         if target.execution == "graphs":
             raise SpecBenchError("method=hf_assisted runs transformers' own generate(), which model.execution=graphs "
                                  "does not reach; use model.execution=eager")
-        self.mode = cfg.get("mode", "assistant")
-        self.k = int(cfg.get("k", 10))
+        self.mode = cfg.mode
+        self.k = int(cfg.k)
         if self.k < 1:
             raise SpecBenchError(f"K must be >= 1, got {self.k}")
         self.draft_info = {}
         if self.mode == "assistant":
 
-            self.draft, self.draft_info = build_draft(target, cfg.get("draft", {}))
+            self.draft, self.draft_info = build_draft(target, cfg.draft)
             self.draft.model.generation_config.num_assistant_tokens = self.k
             self.draft.model.generation_config.num_assistant_tokens_schedule = "constant"
             # transformers >= 4.45 also stops drafting on low confidence; disable for fixed K

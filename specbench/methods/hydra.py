@@ -65,7 +65,7 @@ def build_levels(tree: TokenTree, device) -> list[Level]:
 
 
 def build_tree(cfg, num_heads: int) -> TokenTree:
-    paths = cfg.get("tree")
+    paths = cfg.tree
     if not paths:
         raise SpecBenchError("hydra needs method.tree: candidate paths in Medusa's choices format, e.g. [[0],[1],[0,0]]")
     return paths_tree(paths, num_heads, "hydra")
@@ -76,8 +76,8 @@ class Hydra(SpeculativeMethod):
     name = "hydra"
     uses_controller = False  # the tree is the draft shape
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         self.heads, self.info = load_heads(target, cfg)
         self.tree = build_tree(cfg, self.heads.num_heads)
         self.tree.mask, self.tree.depths = self.tree.mask.to(target.device), self.tree.depths.to(target.device)

@@ -166,23 +166,23 @@ def teacher_forced_inputs(heads: HydraHeads, target: ModelAdapter, ids: torch.Te
 
 # -- loading ------------------------------------------------------------------------------------
 def structure_of(cfg) -> dict:
-    variant = str(cfg.get("variant", "hydra_pp"))
+    variant = str(cfg.variant)
     if variant not in VARIANTS:
         raise choice_error("hydra variant", variant, VARIANTS)
-    layers = cfg.get("num_layers")
-    return {"variant": variant, "num_heads": int(cfg.get("num_heads", 4)),
+    layers = cfg.num_layers
+    return {"variant": variant, "num_heads": int(cfg.num_heads),
             "num_layers": int(layers) if layers is not None else DEFAULT_LAYERS[variant],
             "share_head": bool(cfg.share_head)}
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[HydraHeads, dict]:
     """checkpoint: auto (our cache), a file of ours, or a directory in the authors' format."""
-    where = cfg.get("checkpoint", "auto")
+    where = cfg.checkpoint
     if where not in (None, "none", "auto") and Path(str(where)).expanduser().is_dir():
         return load_released(target, Path(str(where)).expanduser())
     s = structure_of(cfg)
     heads = HydraHeads(target, s["variant"], s["num_heads"], s["num_layers"], share_head=s["share_head"])
-    allow = bool(cfg.get("allow_untrained", False))
+    allow = bool(cfg.allow_untrained)
     ckpt = load_checkpoint("hydra", target.key, heads.structure(), where, required=where != "auto" and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:

@@ -93,14 +93,14 @@ class Lookahead(SpeculativeMethod):
     name = "lookahead"
     uses_controller = False  # W, N and G fix the step's shape
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
-        self.W, self.N, self.G = (int(cfg.get(k, d)) for k, d in (("window", 15), ("ngram", 5), ("guess", 15)))
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
+        self.W, self.N, self.G = int(cfg.window), int(cfg.ngram), int(cfg.guess)
         for key, v, lo in (("window", self.W, 1), ("ngram", self.N, 3), ("guess", self.G, 1)):
             if v < lo:
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected an integer >= {lo}")
-        self.pool_from_prompt = bool(cfg.get("pool_from_prompt", True))
-        self.full_match_bonus = cfg.get("full_match_bonus")
+        self.pool_from_prompt = bool(cfg.pool_from_prompt)
+        self.full_match_bonus = cfg.full_match_bonus
         if not isinstance(self.full_match_bonus, bool):
             raise SpecBenchError(f"method.full_match_bonus={self.full_match_bonus} is not allowed; expected true or false")
 

@@ -93,12 +93,12 @@ class MedusaHeads(nn.Module):
 
 
 def load_heads(target: ModelAdapter, cfg) -> tuple[MedusaHeads, dict]:
-    if published.is_medusa_checkpoint(cfg.get("checkpoint")):  # the Medusa authors' format (models/published.py)
+    if published.is_medusa_checkpoint(cfg.checkpoint):  # the Medusa authors' format (models/published.py)
         heads, info = published.load_medusa_heads(str(cfg.checkpoint), target.hidden_size, target.vocab_size, target.dtype)
         return apply_checkpoint(heads, None, target, info), info
-    heads = MedusaHeads(target, int(cfg.get("num_heads", 4)), bool(cfg.get("share_head", False)))
-    where = cfg.get("checkpoint", "auto")
-    allow = bool(cfg.get("allow_untrained", False))
+    heads = MedusaHeads(target, int(cfg.num_heads), bool(cfg.share_head))
+    where = cfg.checkpoint
+    allow = bool(cfg.allow_untrained)
     ckpt = load_checkpoint("medusa", target.key, heads.structure(), where, required=where not in ("auto",) and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:
@@ -118,17 +118,15 @@ def medusa2_structure(cfg) -> dict:
     """What a Medusa-2 checkpoint is keyed by (training settings such as lambda0 are recorded, not keyed).
     `backbone`: lora (the paper's recipe, 4: LoRA on every linear map of the backbone and on the LM
     head, dropout 0.05) | full (the whole backbone, its tied LM head included, fine-tuned)."""
-    if cfg.get("lora") is not None:
-        raise SpecBenchError(f"method.lora={cfg.get('lora')} was replaced by method.backbone (allowed: {', '.join(BACKBONES)})")
-    backbone = str(cfg.get("backbone", "lora"))
+    backbone = str(cfg.backbone)
     if backbone not in BACKBONES:
         raise choice_error("medusa backbone", backbone, BACKBONES)
     # `lora: False` is the key full fine-tuning always had, so its checkpoints still load
-    s = {"variant": "medusa2", "num_heads": int(cfg.get("num_heads", 4)), "share_head": bool(cfg.get("share_head", False)),
+    s = {"variant": "medusa2", "num_heads": int(cfg.num_heads), "share_head": bool(cfg.share_head),
          "lora": backbone == "lora"}
     if s["lora"]:
-        s |= {"lora_r": int(cfg.get("lora_r", 32)), "lora_alpha": int(cfg.get("lora_alpha", 16)),
-              "lora_dropout": float(cfg.get("lora_dropout", 0.05)), "lora_head": True}
+        s |= {"lora_r": int(cfg.lora_r), "lora_alpha": int(cfg.lora_alpha),
+              "lora_dropout": float(cfg.lora_dropout), "lora_head": True}
     return s
 
 
@@ -154,7 +152,7 @@ def build_tree(cfg, num_heads: int, settings: dict | None, published_tree: list 
     dense `sizes`, or `tree_from_accuracies` (the paper's default: a sparse tree from the trained
     heads' accuracies); giving more than one is an error. `published_tree`: the tree that goes
     with published heads (they store no accuracies), used unless a tree is given."""
-    n_acc, paths, sizes = cfg.get("tree_from_accuracies"), cfg.get("tree"), cfg.get("sizes")
+    n_acc, paths, sizes = cfg.tree_from_accuracies, cfg.tree, cfg.sizes
     if published_tree is not None and not paths:
         return _checked(TokenTree.from_paths(published_tree), num_heads, "medusa")
     given = [k for k, v in (("tree_from_accuracies", n_acc), ("tree", paths), ("sizes", sizes)) if v]
@@ -198,27 +196,27 @@ class Medusa(SpeculativeMethod):
     name = "medusa"
     uses_controller = False  # the tree is the draft shape
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        variant = str(cfg.get("variant", "medusa1"))
+    def __init__(self, target, cfg, sampling, run):
+        variant = str(cfg.variant)
         if variant not in VARIANTS:
             raise choice_error("medusa variant", variant, VARIANTS)
         if variant == "medusa2":
             ft, self.heads, self.info = load_medusa2(target, cfg)
             self.finetuned_adapter, self.base_target = ft, target
             target = ft
-        self.acceptance = str(cfg.get("acceptance", "auto"))  # the loop's verifier: auto | typical
+        self.acceptance = str(cfg.acceptance)  # the loop's verifier: auto | typical
         if self.acceptance not in ACCEPTANCE:
             raise choice_error("medusa acceptance", self.acceptance, ACCEPTANCE)
-        super().__init__(target, cfg, sampling, ctx)
+        super().__init__(target, cfg, sampling, run)
         if variant == "medusa1":
             self.heads, self.info = load_heads(target, cfg)
         default_tree = None
-        if self.info.get("published") and not cfg.get("tree"):
+        if self.info.get("published") and not cfg.tree:
             # published heads store no accuracies: decode with the authors' tree, as their medusa_generate
             # does, else the dense `sizes` tree
             default_tree, self.info["tree_source"] = published.default_medusa_tree()
             if default_tree is None:
-                sizes = list(cfg.get("sizes") or [2, 2, 1, 1])
+                sizes = list(cfg.sizes or [2, 2, 1, 1])
                 default_tree = TokenTree.cartesian(sizes).paths[1:]
                 self.info["tree_source"] += f"; dense tree sizes={sizes}"
         self.tree = build_tree(cfg, self.heads.num_heads, self.info.get("train_settings"), default_tree)
@@ -229,7 +227,7 @@ class Medusa(SpeculativeMethod):
         for p in self.tree.paths[1:]:
             self.ranks[len(p) - 1] = max(self.ranks[len(p) - 1], p[-1] + 1)
         # ranked on the training data, which the original model wrote (Medusa-2 decodes with a fine-tuned copy)
-        ids, vocab_info = vocab_subset(getattr(self, "base_target", self.target), cfg, ctx)
+        ids, vocab_info = vocab_subset(getattr(self, "base_target", self.target), cfg, run)
         self.info |= vocab_info
         self.draft_heads = None
         if ids is not None:
@@ -239,6 +237,9 @@ class Medusa(SpeculativeMethod):
             # one SubsetHead per distinct projection (with share_head all heads project through one)
             subsets = {i: subset_head(p, ids, self.target) for i, p in {id(p): p for p in projections}.items()}
             self.draft_heads = [subsets[id(p)] for p in projections]
+
+    def typical_acceptance(self) -> tuple:
+        return float(self.cfg.epsilon), float(self.cfg.delta)
 
     def describe(self) -> dict:
         d = super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}

@@ -32,7 +32,7 @@ class PromptLookup(SpeculativeMethod):
     name = "pld"
 
     def propose(self, k_max: int):
-        found = lookup(self.tokens, k_max, int(self.cfg.get("max_ngram", 3)), int(self.cfg.get("min_ngram", 1)))
+        found = lookup(self.tokens, k_max, int(self.cfg.max_ngram), int(self.cfg.min_ngram))
 
         drafts: list[int] = []
         self.controller.begin_round()

@@ -44,25 +44,23 @@ class REST(SpeculativeMethod):
     name = "rest"
     uses_controller = False  # the trie is the draft shape
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         for key, lo in SETTINGS.items():
-            v = cfg.get(key)
+            v = getattr(cfg, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected an integer >= {lo}")
             setattr(self, key, int(v))
-        self.cut = cfg.get("cut")
+        self.cut = cfg.cut
         if self.cut not in CUTS:
             raise choice_error("method.cut", self.cut, CUTS)
         if self.min_suffix > self.max_suffix:
             raise SpecBenchError(f"method.min_suffix={self.min_suffix} is above method.max_suffix={self.max_suffix}")
-        corpus = cfg.get("corpus")
+        corpus = cfg.corpus
         corpus = [corpus] if isinstance(corpus, str) else list(corpus or [])
-        run_cfg = (ctx or {}).get("cfg") or {}
-        data_dir = (run_cfg.get("task") or {}).get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
-        model = str((run_cfg.get("model") or {}).get("name") or target.name)
-        self.datastore, self.datastore_path = load_or_build(model, target.tokenizer, corpus, data_dir,
-                                                            bool(cfg.get("build_missing", True)))
+        data_dir = run.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
+        self.datastore, self.datastore_path = load_or_build(str(run.model_name), target.tokenizer, corpus, data_dir,
+                                                            bool(cfg.build_missing))
         self.corpus_files = [parse_spec(c, data_dir)[0] for c in corpus]
         self.last_match: tuple[int, int, int] = (0, 0, 0)  # (suffix length, suffix-array rows lo, hi)
 

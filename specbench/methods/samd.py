@@ -27,9 +27,6 @@ from __future__ import annotations
 import os
 
 import torch
-from omegaconf import OmegaConf
-
-from specbench.config import CONF_DIR
 from specbench.datastore import load_or_build
 from specbench.engine.verify import Proposal
 from specbench.errors import SpecBenchError, choice_error
@@ -37,6 +34,7 @@ from specbench.methods.base import METHODS, SpeculativeMethod, register_method
 from specbench.methods.eagle import Eagle
 from specbench.methods.sam import AUX, DYNAMIC, CorpusIndex, SuffixAutomaton, choose
 from specbench.methods.token_recycling import TokenRecycling
+from specbench.settings import shipped
 
 # drafters whose state SYNC keeps right when another source proposed (= schema.SAMD_AUX); not:
 # ar (no draft), hf_assisted (its own loop), eesd (verification reuses its draft's cache entries),
@@ -47,14 +45,14 @@ SETTINGS = {"n_predicts": 2, "len_threshold": 0, "len_bias": None}  # integer se
 
 
 def aux_config(cfg):
-    """The auxiliary's method config: conf/method/<aux>.yaml, `aux_settings` merged over it."""
-    name = cfg.get("aux")
+    """The auxiliary's method settings: conf/method/<aux>.yaml, `aux_settings` merged over it."""
+    name = cfg.aux
     if name not in SUPPORTED_AUX:
         raise choice_error("method.aux", name, SUPPORTED_AUX)
-    over = cfg.get("aux_settings") or {}
+    over = cfg.aux_settings or {}  # null: none
     if "name" in over:
         raise SpecBenchError("method.aux_settings.name is not allowed; choose the auxiliary with method.aux")
-    return OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / f"{name}.yaml"), over)
+    return shipped("method", name, over)
 
 
 def sync_backlog(aux: Eagle, proposed: bool, feed: list[int], args) -> None:
@@ -94,24 +92,22 @@ class SAMDecoding(SpeculativeMethod):
     uses_controller = False  # a retrieved chain is n_predicts - 1 long; the auxiliary brings its own controller
     run_state = ("aux_run_state",)  # the runner's warm-up leaves the auxiliary's run-long state as it was
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         for key, lo in SETTINGS.items():
-            v = cfg.get(key)
+            v = getattr(cfg, key)
             if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
                 at_least = f" >= {lo}" if lo is not None else ""
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected an integer{at_least}")
             setattr(self, key, v)
         self.static, self.datastore_path = None, None
-        corpus = list(cfg.get("corpus") or [])
+        corpus = list(cfg.corpus or [])
         if corpus:
-            run_cfg = (ctx or {}).get("cfg") or {}
-            data_dir = (run_cfg.get("task") or {}).get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
-            model = str((run_cfg.get("model") or {}).get("name") or target.name)
-            store, self.datastore_path = load_or_build(model, target.tokenizer, corpus, data_dir,
-                                                       bool(cfg.get("build_missing")))
+            data_dir = run.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
+            store, self.datastore_path = load_or_build(str(run.model_name), target.tokenizer, corpus, data_dir,
+                                                       bool(cfg.build_missing))
             self.static = CorpusIndex(store)
-        self.aux = METHODS[str(cfg.get("aux"))](target, aux_config(cfg), sampling, ctx)
+        self.aux = METHODS[str(cfg.aux)](target, aux_config(cfg), sampling, run)
         if self.aux.finetuned_adapter is not None:  # it would decode with other weights than ours
             raise SpecBenchError(f"method.aux={self.aux.name} with changed weights (medusa variant medusa2) is not supported")
         self.sync = sync_rule(self.aux)

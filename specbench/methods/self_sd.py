@@ -86,16 +86,16 @@ def model_key(target: ModelAdapter) -> str:
 def search_path(target: ModelAdapter, cfg) -> Path:
     """Where `skip.source: search` looks for the search result of this model (default: the
     artifact cache's self_sd/ folder)."""
-    if cfg.get("path"):
-        return Path(str(cfg.get("path"))).expanduser()
-    return skip_result_path(cfg.get("cache_dir"), model_key(target))
+    if cfg.path:
+        return Path(str(cfg.path)).expanduser()
+    return skip_result_path(cfg.cache_dir, model_key(target))
 
 
 def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
     """The skip set named by `cfg` (the method's `skip` group) and a description of it."""
     cfg = cfg or {}
-    source = cfg.get("source") or "auto"
-    attn, mlp = list(cfg.get("attn") or []), list(cfg.get("mlp") or [])
+    source = cfg.source
+    attn, mlp = list(cfg.attn), list(cfg.mlp)
     n = target.num_layers
     if source not in SOURCES and (Path(str(source)).suffix == ".json" or Path(str(source)).expanduser().is_file()):
         return _published_skip(Path(str(source)).expanduser(), cfg, n, bool(attn or mlp))
@@ -149,7 +149,7 @@ def _published_skip(path: Path, cfg, n: int, explicit_given: bool) -> tuple[Laye
         raise SpecBenchError(f"skip.attn/skip.mlp are not used with skip.source={str(path)!r}; clear them")
     if not path.is_file():
         raise SpecBenchError(f"skip.source={str(path)!r}: no such file")
-    attn, mlp, entry = published.load_skip_set(path, cfg.get("model"))
+    attn, mlp, entry = published.load_skip_set(path, cfg.model)
     where = f"{path} [{entry}]"
     try:
         skip = LayerSkip(check_layers("attn", attn, n), check_layers("mlp", mlp, n))
@@ -162,10 +162,10 @@ def _published_skip(path: Path, cfg, n: int, explicit_given: bool) -> tuple[Laye
 class SelfSD(SpeculativeMethod):
     name = "self_sd"
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
-        self.skip, self.skip_info = resolve_skip(target, cfg.get("skip"))
-        ids, self.vocab_info = vocab_subset(target, cfg, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
+        self.skip, self.skip_info = resolve_skip(target, cfg.skip)
+        ids, self.vocab_info = vocab_subset(target, cfg, run)
         self.draft_head = subset_head(target.lm_head, ids, target)
 
     def describe(self) -> dict:

@@ -48,9 +48,9 @@ TRAIN_CMD = "python -m specbench.train method=space model={model} method.k={k}"
 
 
 def space_structure(cfg) -> dict:
-    s = {"k": int(cfg.get("k", 5)), "lora": bool(cfg.get("lora", False))}
+    s = {"k": int(cfg.k), "lora": bool(cfg.lora)}
     if s["lora"]:
-        s |= {"lora_r": int(cfg.get("lora_r", 16)), "lora_alpha": int(cfg.get("lora_alpha", 32))}
+        s |= {"lora_r": int(cfg.lora_r), "lora_alpha": int(cfg.lora_alpha)}
     return s
 
 
@@ -91,8 +91,8 @@ def untie_lm_head(model: nn.Module) -> None:
 def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missing: str) -> tuple[ModelAdapter, dict | None]:
     """A frozen fine-tuned copy of `target` from checkpoint `kind` (SPACE, Medusa-2) and the
     checkpoint (None when untrained and allowed); `missing` is the error when there is none."""
-    where = cfg.get("checkpoint", "auto")
-    allow = bool(cfg.get("allow_untrained", False))
+    where = cfg.checkpoint
+    allow = bool(cfg.allow_untrained)
     ckpt = load_checkpoint(kind, target.key, structure, where, required=where != "auto" and not allow,
                            model_name=target.name)
     if ckpt is None and not allow:
@@ -116,7 +116,7 @@ def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, di
     ft, ckpt = load_finetuned(target, "space", structure, cfg,
                               f"no SAR-SFT fine-tuned SPACE weights for model {target.name} ({structure}); train them with `"
                               + TRAIN_CMD.format(model=target.name, k=structure["k"]) + "` or set method.allow_untrained=true")
-    mask = MaskedEmbed(target, int(cfg.get("seed", 0)))
+    mask = MaskedEmbed(target, int(cfg.seed))
     info = {"k": structure["k"], "lora": structure["lora"], "space_trained": ckpt is not None}
     if ckpt is not None:
         mask.vector.data.copy_(ckpt["state"]["mask_embedding"].to(mask.vector.dtype))
@@ -133,13 +133,13 @@ class Space(SpeculativeMethod):
     name = "space"
     uses_controller = False  # k candidates per step, fixed by the SAR-SFT training
 
-    def __init__(self, target, cfg, sampling, ctx=None):
+    def __init__(self, target, cfg, sampling, run):
         ft, self.mask_embed, self.info = load_space(target, cfg)
-        super().__init__(ft, cfg, sampling, ctx)
+        super().__init__(ft, cfg, sampling, run)
         self.base_target = target
         self.finetuned_adapter = ft
         self.k = self.info["k"]
-        rule = str(cfg.get("mask_rule", "group"))
+        rule = str(cfg.mask_rule)
         if rule not in SPACE_MASK_RULES:
             raise choice_error("method.mask_rule", rule, SPACE_MASK_RULES)
         self.info["mask_rule"] = rule

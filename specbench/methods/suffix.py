@@ -152,18 +152,18 @@ class SuffixDecoding(SpeculativeMethod):
     uses_controller = False  # the adaptive rule sets the tree's size
     run_state = ("global_trie", "n_outputs")  # the runner's warm-up leaves them as they were (warmup.py)
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         for key, (kind, lo) in SETTINGS.items():
-            v = cfg.get(key)
+            v = getattr(cfg, key)
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
             if not ok or (lo is not None and v < lo) or (key == "min_token_prob" and v > 1):
                 rule = "an integer >= 1" if kind is int else ("a number in [0, 1]" if key == "min_token_prob" else
                                                              "a number >= 0" if lo is not None else "a number")
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected {rule}")
             setattr(self, key, kind(v))
-        self.reset_per_sequence = bool(cfg.get("reset_per_sequence", False))
-        self.spec = cfg.get("spec")
+        self.reset_per_sequence = bool(cfg.reset_per_sequence)
+        self.spec = cfg.spec
         if self.spec not in SPECS:
             raise choice_error("method.spec", self.spec, SPECS)
         self.global_trie = SuffixTrie(self.max_depth)

@@ -84,10 +84,10 @@ class SWIFT(SpeculativeMethod):
     name = "swift"
     run_state = ("search",)  # the runner's warm-up leaves the search as it was (warmup.py)
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
         self.settings = Settings.from_cfg(cfg)
-        self.verification = cfg.get("verification")
+        self.verification = cfg.verification
         if self.verification not in VERIFICATION:
             raise choice_error("method.verification", self.verification, VERIFICATION)
         if target.num_layers < 3:

@@ -66,16 +66,16 @@ class Settings:
     def from_cfg(cls, cfg) -> Settings:
         out = {}
         for key, (kind, lo, hi) in SETTINGS.items():
-            v = cfg.get(key)
+            v = getattr(cfg, key)
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
             if not ok or v < lo or (hi is not None and v > hi):
                 rule = f"an integer >= {lo}" if kind is int else f"a number in [{lo}, {hi}]"
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected {rule}")
             out[key] = kind(v)
         for key in ("bayes", "optimize"):
-            if not isinstance(cfg.get(key), bool):
-                raise SpecBenchError(f"method.{key}={cfg.get(key)} is not allowed; expected true or false")
-            out[key] = cfg.get(key)
+            if not isinstance(getattr(cfg, key), bool):
+                raise SpecBenchError(f"method.{key}={getattr(cfg, key)} is not allowed; expected true or false")
+            out[key] = getattr(cfg, key)
         return cls(**out)
 
 

@@ -72,16 +72,16 @@ class TokenRecycling(SpeculativeMethod):
     name = "token_recycling"
     uses_controller = False  # the static template is the draft shape
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
-        self.topk = int(cfg.get("topk", 8))
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
+        self.topk = int(cfg.topk)
         if self.topk < 1:
             raise SpecBenchError(f"method.topk={self.topk} is not allowed; expected an integer >= 1")
-        max_nodes = cfg.get("max_nodes")
+        max_nodes = cfg.max_nodes
         if max_nodes is not None and int(max_nodes) < 1:
             raise SpecBenchError(f"method.max_nodes={max_nodes} is not allowed; expected an integer >= 1 or null")
-        self.tree = template_tree(cfg.get("tree", "2.2.2"), None if max_nodes is None else int(max_nodes), self.topk)
-        self.reset_per_sequence = bool(cfg.get("reset_per_sequence", False))
+        self.tree = template_tree(cfg.tree, None if max_nodes is None else int(max_nodes), self.topk)
+        self.reset_per_sequence = bool(cfg.reset_per_sequence)
         dev = target.device
         # fixed for the run: the tree's mask and depths, each node's parent and rank, per-depth slices
         self.tree.mask, self.tree.depths = self.tree.mask.to(dev), self.tree.depths.to(dev)
@@ -93,7 +93,7 @@ class TokenRecycling(SpeculativeMethod):
         self.node_ids: torch.Tensor | None = None
 
     def describe(self) -> dict:
-        tree = self.cfg.get("tree", "2.2.2")
+        tree = self.cfg.tree
         return super().describe() | {"topk": self.topk, "tree": tree if isinstance(tree, str) else "custom",
                                      "tree_nodes": len(self.tree) - 1, "tree_depth": self.tree.max_depth,
                                      "reset_per_sequence": self.reset_per_sequence}

@@ -14,37 +14,38 @@ from specbench.artifacts import load_draft_checkpoint, trained_summary
 from specbench.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter, load_hf, truncated_copy
+from specbench.settings import shipped
 
 
 def draft_num_layers(cfg, target: ModelAdapter) -> int:
     """`num_layers: auto`: 4, or one fewer than the target has when it has 4 or fewer."""
-    n = cfg.get("num_layers", "auto")
+    n = cfg.num_layers
     return min(4, target.num_layers - 1) if n in (None, "auto") else int(n)
 
 
 def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
     """The draft model named by `cfg` (the method's `draft` group) and a description of it."""
-    source = cfg.get("source", "truncate")
+    source = cfg.source
     if source == "truncate":
         n = draft_num_layers(cfg, target)
         draft = truncated_copy(target, n)
         info = {"draft": f"first {n} layers of the target", "draft_trained": False}
-        ckpt = cfg.get("checkpoint", "auto")
+        ckpt = cfg.checkpoint
         if ckpt:
             loaded = load_draft_checkpoint(draft, target, n, ckpt)
             if loaded:
                 info.update(draft_trained=True, draft_checkpoint=loaded["path"], trained=trained_summary(loaded.get("settings")))
         return draft, info
     if source == "hf":
-
-        draft = load_hf(cfg)
+        # a Hugging Face model's settings as conf/model/hf.yaml ships them, with the draft's id, dtype and device
+        draft = load_hf(shipped("model", "hf", {"id": cfg.id, "dtype": cfg.dtype, "device": cfg.device}))
         draft.follow_execution(target)
         if draft.tokenizer.vocab != target.tokenizer.vocab:
             raise SpecBenchError(
-                f"draft model {cfg.get('id')!r} has a different tokenizer than the target {target.name!r}; "
+                f"draft model {cfg.id!r} has a different tokenizer than the target {target.name!r}; "
                 "speculative decoding needs the same vocabulary"
             )
-        return draft, {"draft": str(cfg.get("id")), "draft_trained": None}
+        return draft, {"draft": str(cfg.id), "draft_trained": None}
     raise SpecBenchError(f"unknown draft.source {source!r}; allowed: hf, truncate")
 
 
@@ -52,9 +53,9 @@ def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
 class VanillaSD(SpeculativeMethod):
     name = "vanilla_sd"
 
-    def __init__(self, target, cfg, sampling, ctx=None):
-        super().__init__(target, cfg, sampling, ctx)
-        self.draft, self.draft_info = build_draft(target, cfg.get("draft", {}))
+    def __init__(self, target, cfg, sampling, run):
+        super().__init__(target, cfg, sampling, run)
+        self.draft, self.draft_info = build_draft(target, cfg.draft)
 
     def describe(self) -> dict:
         return super().describe() | self.draft_info

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from specbench import settings
 from specbench.errors import SpecBenchError, choice_error
 from specbench.models.adapter import LayerSkip, ModelAdapter
 from specbench.models.backends import BACKENDS, apply_backend, backend_of, check_backend
@@ -56,7 +57,8 @@ def _quiet_loading() -> None:
 
 
 def gguf_path(cfg) -> Path:
-    if cfg.get("path"):
+    """`cfg`: gguf model settings."""
+    if cfg.path:
         p = Path(cfg.path).expanduser()
     else:
         spec = importlib.util.find_spec(cfg.package)
@@ -78,8 +80,8 @@ def load_gguf(cfg) -> ModelAdapter:
     _offline_env()
     _quiet_loading()
     path = gguf_path(cfg)
-    device = _device(cfg.get("device", "cpu"))
-    dtype = _dtype(cfg.get("dtype", "float32"), device)
+    device = _device(cfg.device)
+    dtype = _dtype(cfg.dtype, device)
     try:
         # the GGUF reader draws its own tqdm bar, which transformers' switch does not reach
         with contextlib.redirect_stderr(io.StringIO()):
@@ -88,7 +90,7 @@ def load_gguf(cfg) -> ModelAdapter:
     except Exception as e:  # noqa: BLE001 - any parse failure means the file is unusable
         raise SpecBenchError(f"cannot read GGUF model {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     model.to(device)
-    adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.get("chat_template", True), list(cfg.get("eos_tokens", []))), cfg.name)
+    adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.chat_template, list(cfg.eos_tokens)), cfg.name)
     adapter.key = f"{cfg.name}-{path.stat().st_size}-{dtype}".replace("torch.", "")
     return adapter
 
@@ -96,18 +98,18 @@ def load_gguf(cfg) -> ModelAdapter:
 def load_hf(cfg) -> ModelAdapter:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not cfg.get("id"):
+    if not cfg.id:
         raise SpecBenchError("model=hf needs model.id=<hub id or local path>")
     if os.environ.get("SPECBENCH_ONLINE") != "1" and not Path(str(cfg.id)).expanduser().exists():
         _offline_env()
-    device = _device(cfg.get("device", "auto"))
-    dtype = _dtype(cfg.get("dtype", "auto"), device)
-    kwargs = dict(dtype=dtype, revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
+    device = _device(cfg.device)
+    dtype = _dtype(cfg.dtype, device)
+    kwargs = dict(dtype=dtype, revision=cfg.revision, trust_remote_code=bool(cfg.trust_remote_code))
     _quiet_loading()
-    if cfg.get("device_map"):
+    if cfg.device_map:
         kwargs["device_map"] = cfg.device_map
     try:
-        tok = AutoTokenizer.from_pretrained(str(cfg.id), revision=cfg.get("revision"))
+        tok = AutoTokenizer.from_pretrained(str(cfg.id), revision=cfg.revision)
     except OSError as e:
         raise SpecBenchError(f"cannot load model {cfg.id!r} (offline, and not a local path?): {str(e).splitlines()[0][:200]}")
     try:
@@ -116,10 +118,10 @@ def load_hf(cfg) -> ModelAdapter:
         raise SpecBenchError(f"cannot load model {cfg.id!r} (offline, and not a local path?): {str(e).splitlines()[0][:200]}")
     except Exception as e:  # noqa: BLE001 - weights weights_only refuses (a pickle of more than tensors), damaged files
         raise SpecBenchError(f"cannot load the weights of model {cfg.id!r} ({_weight_files(cfg)}): {_load_error(e)}") from None
-    if not cfg.get("device_map"):
+    if not cfg.device_map:
         model.to(device)
-    adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.get("chat_template", True), list(cfg.get("eos_tokens", []))), str(cfg.id))
-    adapter.key = "hf-" + hashlib.sha1(f"{cfg.id}@{cfg.get('revision')}:{dtype}".encode()).hexdigest()[:12]
+    adapter = ModelAdapter(model, ChatTokenizer(tok, cfg.chat_template, list(cfg.eos_tokens)), str(cfg.id))
+    adapter.key = "hf-" + hashlib.sha1(f"{cfg.id}@{cfg.revision}:{dtype}".encode()).hexdigest()[:12]
     return adapter
 
 
@@ -140,22 +142,23 @@ def _load_error(e: Exception) -> str:
 
 
 def tiny_llama_config(cfg):
+    """`cfg`: tiny model settings."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=ByteTokenizer.vocab_size,
-        hidden_size=int(cfg.get("hidden_size", 64)),
-        intermediate_size=int(cfg.get("intermediate_size", 128)),
-        num_hidden_layers=int(cfg.get("num_layers", 4)),
-        num_attention_heads=int(cfg.get("num_heads", 4)),
-        num_key_value_heads=int(cfg.get("num_kv_heads", 2)),
+        hidden_size=int(cfg.hidden_size),
+        intermediate_size=int(cfg.intermediate_size),
+        num_hidden_layers=int(cfg.num_layers),
+        num_attention_heads=int(cfg.num_heads),
+        num_key_value_heads=int(cfg.num_kv_heads),
         max_position_embeddings=4096,
-        initializer_range=float(cfg.get("init_std", 0.02)),
-        tie_word_embeddings=bool(cfg.get("tie_embeddings", True)),
+        initializer_range=float(cfg.init_std),
+        tie_word_embeddings=bool(cfg.tie_embeddings),
         bos_token_id=ByteTokenizer.BOS,
         eos_token_id=ByteTokenizer.EOS,
         pad_token_id=ByteTokenizer.PAD,
-        attn_implementation=cfg.get("attn_implementation", "sdpa"),
+        attn_implementation=cfg.attn_implementation,
     )
 
 
@@ -166,13 +169,14 @@ def load_tiny(cfg) -> ModelAdapter:
     from transformers import LlamaForCausalLM
 
     config = tiny_llama_config(cfg)
-    torch.manual_seed(int(cfg.get("seed", 0)))
+    torch.manual_seed(int(cfg.seed))
     model = LlamaForCausalLM(config)
-    device = _device(cfg.get("device", "cpu"))
-    model.to(device=device, dtype=_dtype(cfg.get("dtype", "float64"), device))
+    device = _device(cfg.device)
+    model.to(device=device, dtype=_dtype(cfg.dtype, device))
     adapter = ModelAdapter(model, ByteTokenizer(), "tiny-llama")
-    # the backend and the execution mode are how the model runs, not which model: trained parts are shared
-    desc = json.dumps({k: cfg.get(k) for k in sorted(cfg.keys()) if k not in HOW_IT_RUNS}, sort_keys=True, default=str)
+    # the backend and the execution mode are how the model runs, not which model: trained parts are shared;
+    # the keys as given (an optional key left out is not in the key)
+    desc = json.dumps({k: v for k, v in settings.record(cfg).items() if k not in HOW_IT_RUNS}, sort_keys=True, default=str)
     adapter.key = "tiny-" + hashlib.sha1(desc.encode()).hexdigest()[:12]
     return adapter
 
@@ -181,14 +185,14 @@ MODEL_LOADERS = {"gguf": load_gguf, "hf": load_hf, "tiny": load_tiny}
 
 
 def load_model(cfg) -> ModelAdapter:
-    loader = cfg.get("loader")
-    if loader not in MODEL_LOADERS:
-        raise choice_error("model loader", loader, MODEL_LOADERS)
-    backend = check_backend(cfg.get("backend"))
-    adapter = MODEL_LOADERS[loader](cfg)
+    """`cfg`: the model's settings (specbench/settings.py)."""
+    settings.expect(cfg, "load_model")
+    if cfg.loader not in MODEL_LOADERS:
+        raise choice_error("model loader", cfg.loader, MODEL_LOADERS)
+    backend = check_backend(cfg.backend)
+    adapter = MODEL_LOADERS[cfg.loader](cfg)
     apply_backend(adapter.model, backend)
-    if "execution" in cfg:  # conf/model/*.yaml ship it; hand-made configs (tests) may leave it out: eager
-        adapter.set_execution(cfg.execution, cfg.graph_max_width)
+    adapter.set_execution(cfg.execution, cfg.graph_max_width)
     return adapter
 
 

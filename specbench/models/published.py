@@ -110,14 +110,14 @@ def is_medusa_checkpoint(where) -> bool:
 
 def medusa_config(d: Path) -> dict:
     cfg_path = d / "config.json"
-    cfg = read_json_object(cfg_path, "", MEDUSA_LAYOUT)
-    cfg.setdefault("medusa_num_layers", 1)  # MedusaConfig's default
+    conf = read_json_object(cfg_path, "", MEDUSA_LAYOUT)
+    conf.setdefault("medusa_num_layers", 1)  # MedusaConfig's default
     for key, low in (("medusa_num_heads", 1), ("medusa_num_layers", 0)):
-        v = cfg.get(key)
+        v = conf.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             kind = "positive" if low else "non-negative"
             raise SpecBenchError(f"{cfg_path}: no {kind} integer {key!r}; {MEDUSA_LAYOUT}")
-    return cfg
+    return conf
 
 
 def medusa_names(K: int, L: int):
@@ -138,12 +138,12 @@ def load_medusa_heads(where: str, hidden: int, vocab: int, dtype: torch.dtype = 
     d = _local_or_hub(str(where))
     if d.is_file():
         raise SpecBenchError(f"{d}: give the directory holding config.json and medusa_lm_head.*; {MEDUSA_LAYOUT}")
-    cfg = medusa_config(d)
+    conf = medusa_config(d)
     path = next((d / f for f in MEDUSA_FILES if (d / f).is_file()), None)
     if path is None:
         raise SpecBenchError(f"{d}: no {' or '.join(MEDUSA_FILES)}; {MEDUSA_LAYOUT}")
     state = read_weights_file(path, MEDUSA_LAYOUT)
-    K, L = int(cfg["medusa_num_heads"]), int(cfg["medusa_num_layers"])
+    K, L = int(conf["medusa_num_heads"]), int(conf["medusa_num_layers"])
     if K * (2 * L + 1) > len(state):  # config.json's numbers size nothing before they fit the file
         first = next(n for n in medusa_names(K, L) if n not in state)
         raise SpecBenchError(f"{path}: missing key {first!r} (config.json says {K} heads x {L} blocks); {MEDUSA_LAYOUT}")
@@ -151,7 +151,7 @@ def load_medusa_heads(where: str, hidden: int, vocab: int, dtype: torch.dtype = 
     heads = PublishedMedusaHeads(hidden, vocab, K, L).to(dtype)  # load straight into the model's dtype
     heads.medusa_head.load_state_dict(state)
     info = {"num_heads": K, "medusa_num_layers": L, "heads_trained": True, "checkpoint": str(path),
-            "published": True, "base_model": cfg.get("base_model_name_or_path")}
+            "published": True, "base_model": conf.get("base_model_name_or_path")}
     return heads, info
 
 

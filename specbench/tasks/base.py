@@ -53,11 +53,11 @@ class Task:
     primary_metric: str | None = None
 
     def __init__(self, cfg):
-        self.cfg = cfg
+        self.cfg = cfg  # the task's settings (specbench/settings.py)
 
     # -- data -------------------------------------------------------------------------------
     def data_dir(self) -> Path | None:
-        d = self.cfg.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
+        d = self.cfg.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
         return Path(d).expanduser() if d else None
 
     def load_all(self) -> list[Sample]:
@@ -69,7 +69,7 @@ class Task:
         samples = self.load_all()
         if not samples:
             raise SpecBenchError(f"the {self.name} split is empty: nothing to run")
-        n = self.cfg.get("num_samples")
+        n = self.cfg.num_samples
         if n is None or n == "all":
             return samples
         if isinstance(n, bool) or not isinstance(n, int):
@@ -80,7 +80,7 @@ class Task:
             raise SpecBenchError(
                 f"task.num_samples={n} is larger than the {self.name} split ({len(samples)} samples)"
             )
-        rng = random.Random(int(self.cfg.get("seed", 0)))
+        rng = random.Random(int(self.cfg.seed))
         idx = sorted(rng.sample(range(len(samples)), n))
         return [samples[i] for i in idx]
 

@@ -64,7 +64,7 @@ class GSM8K(Task):
     def load_all(self) -> list[Sample]:
         test = self._split("test")
         few_shot = []
-        k = self.cfg.get("fewshot_index", 0)  # null: zero-shot
+        k = self.cfg.fewshot_index  # null: zero-shot
         if k is not None:
             train = self._split("train")
             if not 0 <= int(k) < len(train):
@@ -78,7 +78,7 @@ class GSM8K(Task):
                 id=f"gsm8k-{i}",
                 turns=[prompt(r["question"])],
                 few_shot=few_shot,
-                system=self.cfg.get("system"),
+                system=self.cfg.system,
                 reference=reference_number(r["answer"]),
             )
             for i, r in enumerate(test)

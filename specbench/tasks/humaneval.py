@@ -69,7 +69,7 @@ class HumanEval(Task):
             Sample(
                 id=r["task_id"],
                 turns=[prompt(r["prompt"])],
-                system=self.cfg.get("system"),
+                system=self.cfg.system,
                 reference={k: r[k] for k in keys},
             )
             for r in rows
@@ -80,7 +80,7 @@ class HumanEval(Task):
         return super().load()
 
     def allow_unisolated(self) -> bool:
-        allow = self.cfg.get("allow_unisolated", False)
+        allow = self.cfg.allow_unisolated
         if not isinstance(allow, bool):
             raise SpecBenchError(f"task.allow_unisolated={allow!r} is not allowed; expected true or false")
         return allow
@@ -106,8 +106,8 @@ class HumanEval(Task):
                                  f"{r.status}, answered wrong {results[1].status} ({tail[:200]})")
 
     def _run(self, sources: list[str], entry_point: str, check: str):
-        return run_judged(sources, entry_point, check, timeout_s=float(self.cfg.get("timeout_s", 10)),
-                          memory_mb=int(self.cfg.get("memory_mb", 1024)), isolate=self.isolated())
+        return run_judged(sources, entry_point, check, timeout_s=float(self.cfg.timeout_s),
+                          memory_mb=int(self.cfg.memory_mb), isolate=self.isolated())
 
     def score(self, sample: Sample, replies: list[str]) -> dict[str, float]:
         p = sample.reference

@@ -37,10 +37,10 @@ class JsonlTask(Task):
     def __init__(self, cfg):
         super().__init__(cfg)
         # no reference, no quality figure
-        self.primary_metric = "rougeL" if cfg.get("reference_field") else None
+        self.primary_metric = "rougeL" if cfg.reference_field else None
 
     def path(self) -> Path:
-        raw = self.cfg.get("path")
+        raw = self.cfg.path
         if not raw:
             raise SpecBenchError("task jsonl needs task.path=<a JSONL file of prompts>")
         p = Path(str(raw)).expanduser()
@@ -54,9 +54,8 @@ class JsonlTask(Task):
 
     def load_all(self) -> list[Sample]:
         path = self.path()
-        field = self.cfg.get("prompt_field") or "prompt"
-        keys = ("id_field", "category_field", "reference_field")
-        id_field, cat_field, ref_field = (self.cfg.get(k) for k in keys)
+        field = self.cfg.prompt_field
+        id_field, cat_field, ref_field = self.cfg.id_field, self.cfg.category_field, self.cfg.reference_field
         samples = []
         with open(path, "rb") as f:
             for i, raw in enumerate(f):
@@ -85,7 +84,7 @@ class JsonlTask(Task):
                     Sample(
                         id=_label(rec, id_field, where) if id_field else str(i),
                         turns=turns,
-                        system=self.cfg.get("system"),
+                        system=self.cfg.system,
                         reference=rec[ref_field] if ref_field else None,
                         category=_label(rec, cat_field, where) if cat_field else None,
                     )

@@ -37,11 +37,11 @@ class MTBench(Task):
             Sample(
                 id=str(r["question_id"]),
                 turns=list(r["turns"]),
-                system=self.cfg.get("system"),
+                system=self.cfg.system,
                 reference=r.get("reference") or None,  # only math/reasoning/coding have one
                 category=r["category"],
             )
             for r in rows
         ]
-        samples = filter_categories(samples, self.cfg.get("categories"), "mt_bench")  # null: all
+        samples = filter_categories(samples, self.cfg.categories, "mt_bench")  # null: all
         return samples

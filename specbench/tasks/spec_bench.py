@@ -59,7 +59,7 @@ class SpecBenchTask(JsonlTask):
     name = "spec_bench"
 
     def path(self) -> Path:
-        if self.cfg.get("path"):
+        if self.cfg.path:
             return super().path()
         tried = []
         d = self.data_dir()
@@ -67,7 +67,7 @@ class SpecBenchTask(JsonlTask):
             if p.is_file():
                 return p
             tried.append(str(p))
-        url = self.cfg.get("url")
+        url = self.cfg.url
         if url and os.environ.get("HF_DATASETS_OFFLINE", "1").upper() in ("0", "FALSE", "NO", "OFF"):
             try:
                 return _download(str(url), cache_path())
@@ -82,9 +82,9 @@ class SpecBenchTask(JsonlTask):
 
     def load_all(self) -> list[Sample]:
         samples = super().load_all()
-        if self.cfg.get("group_mt_bench", True):
+        if self.cfg.group_mt_bench:
             for s in samples:
                 if s.category in MT_BENCH_CATEGORIES:
                     s.category = "mt_bench"
-        samples = filter_categories(samples, self.cfg.get("categories"), "spec_bench")
+        samples = filter_categories(samples, self.cfg.categories, "spec_bench")
         return samples

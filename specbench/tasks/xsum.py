@@ -45,9 +45,9 @@ class XSum(Task):
         rows = first_available(
             self.name, [local_source(self, "xsum/test.jsonl"), hub_source("EdinburghNLP/xsum", split="test")]
         )
-        max_words = self.cfg.get("max_doc_words", 400)
+        max_words = self.cfg.max_doc_words
         few_shot = []
-        k = self.cfg.get("fewshot_index", 0)  # null: zero-shot
+        k = self.cfg.fewshot_index  # null: zero-shot
         if k is not None:
             if not 0 <= int(k) < len(rows):
                 raise SpecBenchError(f"task.fewshot_index={k} is outside the xsum split (0..{len(rows) - 1})")
@@ -59,7 +59,7 @@ class XSum(Task):
                 id=str(r["id"]),
                 turns=[prompt(r["document"], max_words)],
                 few_shot=few_shot,
-                system=self.cfg.get("system"),
+                system=self.cfg.system,
                 reference=r["summary"].strip(),
             )
             for r in rows

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from specbench import settings
 from specbench.config import check_choices, compose, fail, validate
 from specbench.errors import SpecBenchError, choice_error
 from specbench.help import train_help, wants_help
@@ -32,14 +33,14 @@ def main(argv: list[str]) -> None:
 
 
 def train(cfg) -> dict:
-
-
-    if cfg.method.name not in TRAINERS:
-        raise choice_error("trainable method", cfg.method.name, TRAINERS)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
+    """Train what the composed (validated) config names; the trainers read its typed settings."""
+    run = settings.of(cfg)
+    if run.method.name not in TRAINERS:
+        raise choice_error("trainable method", run.method.name, TRAINERS)
+    if run.threads:
+        torch.set_num_threads(int(run.threads))
     torch.set_grad_enabled(False)
-    return train_model(cfg, load_model(cfg.model))
+    return train_model(run, load_model(run.model))
 
 
 if __name__ == "__main__":

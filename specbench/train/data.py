@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specbench import settings
 from specbench.artifacts import cache_dir, read_json, write_json
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
@@ -64,7 +65,8 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
 
 def _desc(target: ModelAdapter, dcfg, seed: int) -> dict:
     caps = ("gen_minutes",)
-    return {"model": target.key, **{k: dcfg[k] for k in sorted(dcfg.keys()) if k not in caps}, "seed": seed,
+    given = settings.record(dcfg)
+    return {"model": target.key, **{k: given[k] for k in sorted(given) if k not in caps}, "seed": seed,
             "format": DATA_FORMAT}
 
 
@@ -149,7 +151,7 @@ def generate(target: ModelAdapter, prompts: list[list[int]], dcfg, seed: int, jo
     eos_ids = sorted(tok.eos_ids)
     pad = eos_ids[0] if eos_ids else 0
     bs = int(dcfg.batch_size)
-    cap = dcfg.get("gen_minutes")
+    cap = dcfg.gen_minutes
     deadline = time.monotonic() + 60 * float(cap) if cap is not None else None
     done = read_journal(journal) if journal else []
     out: list[tuple[list[int], int]] = [tuple(s) for batch in done for s in batch]

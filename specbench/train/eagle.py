@@ -71,19 +71,19 @@ def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float 
     return w_reg * reg + w_cls * cls, agree
 
 
-first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {"layers": 1, "bias": bool(m.get("bias", True))}))
+first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {"layers": 1, "bias": bool(m.bias)}))
 
 
 @trainer("eagle")
 def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     mcfg, tcfg = cfg.method, cfg.train
-    head = EagleHead(target, bool(mcfg.get("bias", True)))
+    head = EagleHead(target, bool(mcfg.bias))
     for p in head.parameters():
         p.requires_grad_(True)
     head.train()
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
-    w_reg, w_cls = float(mcfg.get("loss_reg", 1.0)), float(mcfg.get("loss_cls", 0.1))
-    cls_labels = str(mcfg.get("cls_labels", "soft"))
+    w_reg, w_cls = float(mcfg.loss_reg), float(mcfg.loss_cls)
+    cls_labels = str(mcfg.cls_labels)
     if cls_labels not in CLS_LABELS:
         raise choice_error("eagle cls_labels", cls_labels, CLS_LABELS)
 

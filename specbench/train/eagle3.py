@@ -167,7 +167,7 @@ first_use("eagle3")(checkpoint_part("the EAGLE-3 draft", "eagle3", structure_of)
 @trainer("eagle3")
 def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
     mcfg, tcfg = cfg.method, cfg.train
-    layers = tap_layers(target.num_layers, mcfg.get("layers", "auto"))
+    layers = tap_layers(target.num_layers, mcfg.layers)
     head = Eagle3Head(target, layers, draft_vocabulary(target, sequences, draft_size(target, mcfg)))
     head.init_from_target()
     frozen = {"lm_head.weight"} if lm_head_mode(mcfg) == "target" else set()  # the target's rows: not trained, not saved
@@ -175,7 +175,7 @@ def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
         p.requires_grad_(name not in frozen)
     head.train()
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
-    steps, decay, pad = int(mcfg.get("ttt_steps", 7)), float(mcfg.get("step_decay", 0.8)), pad_id(target)
+    steps, decay, pad = int(mcfg.ttt_steps), float(mcfg.step_decay), pad_id(target)
 
     store = target_features(target, train + held, feature_taps(head), tcfg)
 

@@ -117,7 +117,7 @@ def prefill(target: ModelAdapter, seqs: list[list[int]], taps, batch_size: int =
 
 def target_features(target: ModelAdapter, sequences, taps, tcfg) -> FeatureStore | None:
     """The store of `sequences`' features at `taps` (cached), or None with train.feature_cache null."""
-    kind = tcfg.get("feature_cache", "float16")
+    kind = tcfg.feature_cache
     if kind is None:
         return None
     if kind not in DTYPES:

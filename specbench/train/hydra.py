@@ -90,7 +90,7 @@ def head_top1(target, heads, sequences, tcfg, pad, limit: int = 64, store=None) 
 def train_hydra(target: ModelAdapter, cfg, sequences) -> dict:
     mcfg, tcfg = cfg.method, cfg.train
     s = structure_of(mcfg)
-    dropout = float(mcfg.get("dropout", 0.2)) if s["variant"] == "hydra_pp" else 0.0
+    dropout = float(mcfg.dropout) if s["variant"] == "hydra_pp" else 0.0
     heads = HydraHeads(target, s["variant"], s["num_heads"], s["num_layers"], dropout, share_head=s["share_head"])
     for p in heads.parameters():
         p.requires_grad_(True)

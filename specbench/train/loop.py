@@ -12,10 +12,10 @@ import time
 import warnings
 
 import torch
-from omegaconf import OmegaConf
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from specbench import settings
 from specbench.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.train import resume as resume_state
@@ -45,8 +45,8 @@ def planned_steps(n: int, tcfg) -> tuple[int, str]:
     """(optimiser steps, the bound that sets them): train.max_steps and train.epochs (x batches per
     epoch), whichever is smaller; either may be null, not both."""
     per_epoch = math.ceil(n / int(tcfg.batch_size))
-    bounds = [(int(tcfg.max_steps), "max_steps")] if tcfg.get("max_steps") is not None else []
-    bounds += [(int(tcfg.epochs) * per_epoch, "epochs")] if tcfg.get("epochs") is not None else []
+    bounds = [(int(tcfg.max_steps), "max_steps")] if tcfg.max_steps is not None else []
+    bounds += [(int(tcfg.epochs) * per_epoch, "epochs")] if tcfg.epochs is not None else []
     if not bounds:
         raise SpecBenchError("train.max_steps and train.epochs are both null: set train.max_steps=N (optimiser steps)")
     return (min(bounds) if n else (0, bounds[0][1]))
@@ -66,10 +66,10 @@ def batch_at(sequences, tcfg, step: int) -> list:
 def lr_factor(step: int, total: int, tcfg) -> float:
     """Learning-rate multiplier at step `step` of `total`: linear warm-up over train.warmup_steps,
     then constant or cosine decay to 0 at `total` (train.schedule)."""
-    warm = int(tcfg.get("warmup_steps") or 0)
+    warm = int(tcfg.warmup_steps)
     if step < warm:
         return (step + 1) / warm
-    if tcfg.get("schedule", "constant") == "constant":
+    if tcfg.schedule == "constant":
         return 1.0
     return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
@@ -123,7 +123,7 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
     base_lrs = [g["lr"] for g in opt.param_groups]
     total, bound = planned_steps(len(sequences), tcfg)
     evaluate = eval_fn or default_eval(loss_fn, held, tcfg, pad_id, device)
-    every = tcfg.get("eval_every") if evaluate else None
+    every = tcfg.eval_every if evaluate else None
     key = resume_state.full_key(resume, sequences, resume_state.opt_params(opt)) if resume else None
     meta = resume_state.load(resume, key, opt, rngs) if resume else None
     log, labelled, start = (meta["log"], meta["labelled"], meta["step"]) if meta else ([], 0, 0)
@@ -131,7 +131,7 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
         print(f"train {name}: resuming at step {start} of {total} ({resume.path})", flush=True)
         if on_resume:
             on_resume(start)
-    cap = tcfg.get("max_minutes")
+    cap = tcfg.max_minutes
     deadline = time.monotonic() + 60 * float(cap) if cap is not None else None
     t_eval = time.monotonic()
     first_eval = _quiet_eval(evaluate, rngs) if every and start == 0 else None
@@ -169,7 +169,7 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
             if s == start:
                 _print_plan(name, len(sequences), total - start, tcfg, bound, time.monotonic() - t0,
                             t_eval, every, resumed=start)
-            if resume and (_due(s + 1, tcfg.get("checkpoint_every")) or s + 1 == total):
+            if resume and (_due(s + 1, tcfg.checkpoint_every) or s + 1 == total):
                 resume_state.save(resume, key, opt, rngs, {"step": s + 1, "labelled": labelled, "log": log})
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}")
@@ -179,7 +179,7 @@ def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=No
               "steps (recorded in the artifact's settings)", flush=True)
     if not log or labelled == 0:  # never cache an untrained part as trained
         raise SpecBenchError(f"training {name} ran {len(log)} steps over {labelled} labelled tokens ({len(sequences)} training "
-                             f"sequences, train.max_steps={tcfg.get('max_steps')}, train.epochs={tcfg.get('epochs')}, "
+                             f"sequences, train.max_steps={tcfg.max_steps}, train.epochs={tcfg.epochs}, "
                              f"train.max_minutes={cap}, train.max_len={tcfg.max_len}: answers past max_len carry no label); "
                              "no checkpoint written")
     return log, stopped
@@ -225,7 +225,7 @@ def ce_loss(logits, labels):
 
 def with_labels(target: ModelAdapter, sequences, tcfg):
     """Attach the target's greedy labels when train.labels is `target` (see data.teacher_labels)."""
-    mode = tcfg.get("labels", "text")
+    mode = tcfg.labels
     if mode == "text":
         return sequences
     if mode != "target":
@@ -256,8 +256,8 @@ def run_settings(cfg, n_train, n_held, log, stopped, before, after) -> dict:
     or resumed, gives the same bytes, hence the same provenance hash."""
     data = DATA.get()
     return {
-        "train": OmegaConf.to_container(cfg.train, resolve=True),
-        "method": OmegaConf.to_container(cfg.method, resolve=True),
+        "train": settings.record(cfg.train),
+        "method": settings.record(cfg.method),
         "train_sequences": n_train,
         "held_out_sequences": n_held,
         "steps": len(log),

@@ -86,7 +86,7 @@ def medusa_accuracy(target, heads, sequences, tcfg, pad_id, ranks: int = 10, lim
 
 @first_use("medusa")
 def medusa_parts(cfg, target):
-    if cfg.method.get("variant", "medusa1") == "medusa2":  # the medusa trainer hands medusa2 to its own trainer
+    if cfg.method.variant == "medusa2":  # the medusa trainer hands medusa2 to its own trainer
         return checkpoint_part("the Medusa-2 backbone + heads (joint training)", "medusa2", medusa2_structure, "medusa")(cfg, target)
     return checkpoint_part("the Medusa heads", "medusa",
                            lambda m: {"num_heads": int(m.num_heads), "share_head": bool(m.share_head)})(cfg, target)
@@ -96,14 +96,14 @@ def medusa_parts(cfg, target):
 def train_medusa(target: ModelAdapter, cfg, sequences) -> dict:
 
     mcfg, tcfg = cfg.method, cfg.train
-    if mcfg.get("variant", "medusa1") == "medusa2":  # registered by specbench.train.medusa2 (it imports this module)
+    if mcfg.variant == "medusa2":  # registered by specbench.train.medusa2 (it imports this module)
         return TRAINERS["medusa2"](target, cfg, sequences)
-    heads = MedusaHeads(target, int(mcfg.get("num_heads", 4)), bool(mcfg.get("share_head", False)))
+    heads = MedusaHeads(target, int(mcfg.num_heads), bool(mcfg.share_head))
     for p in heads.parameters():
         p.requires_grad_(True)
     heads.train()
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
-    decay = float(mcfg.get("loss_decay", 0.8))
+    decay = float(mcfg.loss_decay)
 
     store = target_features(target, train + held, ["final"], tcfg)
 

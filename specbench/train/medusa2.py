@@ -47,9 +47,9 @@ from __future__ import annotations
 import math
 
 import torch
-from omegaconf import OmegaConf
 from torch.nn import functional as F
 
+from specbench import settings
 from specbench.artifacts import save_checkpoint
 from specbench.errors import SpecBenchError
 from specbench.methods.medusa import MedusaHeads, medusa2_structure
@@ -121,25 +121,25 @@ def lambda0_at(step: int, total: int, peak: float, schedule: str) -> float:
 
 def _stage_cfg(tcfg, bound: dict, share: float, lr: float):
     """A stage's train config: its step bound, its share of the safety cap (if any), its rate."""
-    cap = tcfg.get("max_minutes")
-    return OmegaConf.merge(tcfg, bound | {"max_minutes": None if cap is None else float(cap) * share, "lr": lr})
+    cap = tcfg.max_minutes
+    return settings.merge(tcfg, bound | {"max_minutes": None if cap is None else float(cap) * share, "lr": lr})
 
 
 @trainer("medusa2")
 def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
     mcfg, tcfg = cfg.method, cfg.train
     structure = medusa2_structure(mcfg)
-    mode, warmup = str(mcfg.get("lm_loss", "kl")), str(mcfg.get("warmup", "heads"))
+    mode, warmup = str(mcfg.lm_loss), str(mcfg.warmup)
     if mode not in ("kl", "ce"):
         raise SpecBenchError(f"unknown medusa lm_loss {mode!r}; allowed: ce, kl")
     if warmup not in ("heads", "backbone"):
         raise SpecBenchError(f"unknown medusa warmup {warmup!r}; allowed: backbone, heads")
-    lam0, decay = float(mcfg.get("lambda0", 0.01)), float(mcfg.get("loss_decay", 0.8))
-    schedule = str(mcfg.get("lambda0_schedule", "sine"))
+    lam0, decay = float(mcfg.lambda0), float(mcfg.loss_decay)
+    schedule = str(mcfg.lambda0_schedule)
     if schedule not in SCHEDULES:
         raise SpecBenchError(f"unknown medusa lambda0_schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
-    lr_bb = float(mcfg.get("lr") or tcfg.lr)
-    lr_heads = lr_bb * float(mcfg.get("heads_lr_ratio", 4.0))
+    lr_bb = float(mcfg.lr or tcfg.lr)
+    lr_heads = lr_bb * float(mcfg.heads_lr_ratio)
     ft = finetuned_copy(target, "medusa2-training", structure)
     for p in ft.model.parameters():
         p.requires_grad_(False)
@@ -170,7 +170,7 @@ def train_medusa2(target: ModelAdapter, cfg, sequences) -> dict:
         lm, _, agree, _ = parts(ids, labels, True)
         return lm, agree
 
-    n_warm = int(mcfg.get("warmup_epochs", 0))
+    n_warm = int(mcfg.warmup_epochs)
     warm_steps = n_warm * math.ceil(len(train) / int(tcfg.batch_size))
     joint_steps, lam_used = planned_steps(len(train), tcfg)[0], []
 

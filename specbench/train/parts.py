@@ -5,7 +5,7 @@ A trainer module declares the parts of the method(s) it trains next to its train
     first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {...}))
 
 registers `FIRST_USE["eagle"]`, a function `(cfg, target) -> [Part]` listing the parts that
-method would load (given its config) and where. specbench/train/session.py imports every module
+method would load (given the run's settings, specbench/settings.py) and where. specbench/train/session.py imports every module
 of this package (so trainers and their first-use parts are found, not listed), and
 specbench/firstuse.py trains the missing ones. This module imports nothing of specbench.train,
 so trainer modules can import it without a cycle.
@@ -13,13 +13,13 @@ so trainer modules can import it without a cycle.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from specbench import settings
 from specbench.artifacts import find_checkpoint
 
 FIRST_USE: dict[str, Callable] = {}  # method name -> (cfg, target) -> [Part]
@@ -30,7 +30,7 @@ class Part:
     what: str                       # "the EESD exit layer"
     path: Path                      # where the method looks for it
     train: str | Callable           # a TRAINERS name, or (cfg with the first-use budget, target) -> None
-    minutes: Callable               # (first-use cfg) -> rough duration in minutes, or None (unknown before it starts)
+    minutes: Callable               # (cfg with the first-use budget) -> rough duration in minutes, or None (unknown before it starts)
     key: str = ""                   # parts with one key are trained by one call
     method: Any = None              # the method config its trainer reads (None: the run's; SAM-Decoding's auxiliary's)
 
@@ -46,11 +46,11 @@ def first_use(*methods: str):
     return register
 
 
-def train_minutes(fcfg) -> float | None:
+def train_minutes(cfg) -> float | None:
     """The safety caps' sum when both are set, else None: the budget is counted in sequences and
     steps, and the training prints its own estimate (from its timed first step) as it starts."""
-    t = fcfg.train
-    caps = (t.data.get("gen_minutes"), t.get("max_minutes"))
+    t = cfg.train
+    caps = (t.data.gen_minutes, t.max_minutes)
     return None if None in caps else float(caps[0]) + float(caps[1]) + 1.0  # + teacher labels, evaluation
 
 
@@ -61,7 +61,8 @@ def checkpoint_part(what: str, kind: str, structure: Callable, trainer: str | No
 
     def parts(cfg, target):
         m = cfg.method
-        if OmegaConf.select(m, where, default="auto") != "auto" or m.get("allow_untrained", False):
+        given = functools.reduce(getattr, where.split("."), m)
+        if given != "auto" or (settings.has(m, "allow_untrained") and m.allow_untrained):
             return []
         path = find_checkpoint(kind, target.key, structure(m))  # a published part counts as present
         name = trainer or m.name

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specbench import settings
 from specbench.artifacts import all_finite, atomic_write, checkpoint_path, safe_key
 
 FORMAT = "specbench-train-resume/1"
@@ -39,12 +39,12 @@ class Resume:
 def resume_for(cfg, kind: str, model_key: str, structure: dict, stage: str) -> Resume | None:
     """The resume state of one train_loop call (`stage`) of the artifact (kind, model, structure);
     None when train.checkpoint_every is null (no resume states)."""
-    if not cfg.train.get("checkpoint_every"):
+    if not cfg.train.checkpoint_every:
         return None
     art = checkpoint_path(kind, model_key, structure)
-    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in RUN_ONLY}
+    train = {k: v for k, v in settings.record(cfg.train).items() if k not in RUN_ONLY}
     key = {"stage": stage, "model": model_key, "structure": structure, "train": train,
-           "method": OmegaConf.to_container(cfg.method, resolve=True)}
+           "method": settings.record(cfg.method)}
     return Resume(art.with_name(f"{art.stem}.{safe_key(stage)}.resume.safetensors"), key)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from omegaconf import OmegaConf
+from specbench import settings
 
 from specbench.methods.samd import aux_config
 from specbench.train.parts import FIRST_USE, first_use
@@ -16,7 +16,7 @@ from specbench.train.parts import FIRST_USE, first_use
 def aux_parts(cfg, target) -> list:
     aux = aux_config(cfg.method)
     parts_of = FIRST_USE.get(aux.name)
-    if parts_of is None or not aux.get("train_if_missing", True):
+    if parts_of is None or not aux.train_if_missing:  # every auxiliary with parts has the key
         return []  # nothing trained, or not allowed: the auxiliary's loader says what is missing
-    as_aux = OmegaConf.merge(cfg, {"method": None}, {"method": aux})
+    as_aux = settings.with_group(cfg, "method", aux)
     return [replace(p, method=aux) for p in parts_of(as_aux, target)]

@@ -22,10 +22,11 @@ __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
 
 def train_model(cfg, target, trainer: str | None = None) -> dict:
-    """Train with an already loaded target (`trainer`: a TRAINERS name, default the method's)."""
-    data_dir = cfg.task.get("data_dir") or os.environ.get("SPECBENCH_DATA_DIR")
+    """Train with an already loaded target (`cfg`: the run's settings, specbench/settings.py;
+    `trainer`: a TRAINERS name, default the method's)."""
+    data_dir = cfg.task.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
     sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
-    cap = cfg.train.get("max_sequences")
+    cap = cfg.train.max_sequences
     if cap and len(sequences) > int(cap):
         # generated sequences come first: keep them all, cap the original text
         sequences = sequences[: int(cap)]

@@ -4,18 +4,16 @@ the other trained parts, so that first use finds it (specbench/train/parts.py)."
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
 from specbench.artifacts import skip_result_path
-from specbench.config import CONF_DIR
 from specbench.methods.self_sd import model_key
+from specbench.settings import shipped
 from specbench.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
 from specbench.train.parts import Part, first_use
 
 
 def search(cfg, target, path) -> None:
     s = cfg.train.first_use.skip_search
-    task = OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / "gsm8k.yaml"), {"data_dir": cfg.task.get("data_dir")})
+    task = shipped("task", "gsm8k", {"data_dir": cfg.task.data_dir})
     prompts, ids = gsm8k_train_prompts(task, target.tokenizer, int(s.num_prompts), int(cfg.seed))
     # an interrupted first-use search resumes from its finished trials next time
     result = search_skip_set(target, prompts, iterations=int(s.iterations), max_new_tokens=int(s.max_new_tokens),
@@ -25,16 +23,16 @@ def search(cfg, target, path) -> None:
     progress_path(path).unlink(missing_ok=True)
 
 
-def search_minutes(fcfg) -> float:
-    s = fcfg.skip_search
+def search_minutes(cfg) -> float:
+    s = cfg.train.first_use.skip_search
     return (int(s.iterations) + 2) * int(s.num_prompts) * int(s.max_new_tokens) * 0.1 / 60  # ~0.1 s/token on CPU
 
 
 @first_use("self_sd")
 def skip_search_parts(cfg, target):
-    skip = cfg.method.get("skip") or {}
-    if skip.get("source", "auto") not in ("auto", "search") or skip.get("path") or skip.get("attn") or skip.get("mlp"):
+    skip = cfg.method.skip
+    if skip.source not in ("auto", "search") or skip.path or skip.attn or skip.mlp:
         return []
-    path = skip_result_path(skip.get("cache_dir"), model_key(target))
+    path = skip_result_path(skip.cache_dir, model_key(target))
     return [Part("the Self-SD skip set (Bayesian-optimisation search)", path,
                  lambda cfg, target: search(cfg, target, path), search_minutes, "skip_search")]

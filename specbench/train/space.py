@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 
 import torch
-from omegaconf import OmegaConf
 from torch.nn import functional as F
 
+from specbench.settings import merge as merge_settings
 from specbench.artifacts import save_checkpoint
 from specbench.methods.space import MASK, MaskedEmbed, finetuned_copy, space_structure
 from specbench.models import ModelAdapter
@@ -88,7 +88,7 @@ def train_space(target: ModelAdapter, cfg, sequences) -> dict:
 
     mcfg, tcfg = cfg.method, cfg.train
     structure = space_structure(mcfg)
-    k, p_ar = structure["k"], float(mcfg.get("p_ar", 0.5))
+    k, p_ar = structure["k"], float(mcfg.p_ar)
     ft = finetuned_copy(target, "space-training", structure)
     mask_embed = MaskedEmbed(target, int(tcfg.seed))
     mask_embed.vector.requires_grad_(True)
@@ -123,7 +123,7 @@ def train_space(target: ModelAdapter, cfg, sequences) -> dict:
 
     # lr: the paper uses 5e-5 for 7B+ models; method.lr overrides train.lr
 
-    tcfg_run = OmegaConf.merge(tcfg, {"lr": float(mcfg.get("lr", tcfg.lr))})
+    tcfg_run = merge_settings(tcfg, {"lr": float(mcfg.lr)})
     before = held_loss()
     log, stopped = train_loop("space SAR-SFT", params, loss_fn, train, tcfg_run, pad, target.device,
                               resume=resume_for(cfg, "space", target.key, structure, "sar-sft"), eval_fn=held_eval,

@@ -19,6 +19,7 @@ import random
 import torch
 from tqdm import tqdm
 
+from specbench import settings
 from specbench.artifacts import find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.errors import SpecBenchError
@@ -53,10 +54,10 @@ def trainer(name):
 @first_use("eesd")
 def eesd_parts(cfg, target):
     """The exit layer, and the Cali-TS predictor trained with it when Cali-TS is the controller."""
-    structure = {"n_layers": int(cfg.method.n_layers), "head": cfg.method.get("head", "shared")}
+    structure = {"n_layers": int(cfg.method.n_layers), "head": cfg.method.head}
     parts = checkpoint_part("the EESD exit layer", "eesd", lambda m: structure)(cfg, target)
-    control = cfg.get("control") or {}
-    if parts and control.get("name") == "cali_ts" and control.get("predictor") in (None, "auto"):
+    control = cfg.control
+    if parts and control.name == "cali_ts" and control.predictor in (None, "auto"):
         # a published predictor counts as present, as the exit layer does (checkpoint_part)
         parts.append(Part("the Cali-TS predictor", find_checkpoint("cali", target.key, structure), "eesd", train_minutes, "eesd"))
     return parts
@@ -66,11 +67,11 @@ def eesd_parts(cfg, target):
 def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
 
     mcfg, tcfg = cfg.method, cfg.train
-    exit_ = EarlyExit(target, int(mcfg.n_layers), mcfg.get("head", "shared")).to(target.device)
+    exit_ = EarlyExit(target, int(mcfg.n_layers), mcfg.head).to(target.device)
     n = exit_.n_layers
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
 
-    cali = bool(tcfg.get("cali", True))
+    cali = bool(tcfg.cali)
     store = target_features(target, train + held, eesd_taps(n, cali), tcfg)
 
     def loss_fn(ids, labels):
@@ -193,8 +194,8 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held, store=None) -> dic
 @first_use("vanilla_sd", "hf_assisted")
 def draft_parts(cfg, target):
     """The distilled draft (both methods use the one checkpoint) unless another draft is given."""
-    d = cfg.method.get("draft") or {}
-    if d.get("source", "truncate") != "truncate" or cfg.method.get("mode", "assistant") != "assistant":
+    d = cfg.method.draft
+    if d.source != "truncate" or (settings.has(cfg.method, "mode") and cfg.method.mode != "assistant"):
         return []
     n = draft_num_layers(d, target)
     return checkpoint_part("the distilled vanilla-SD draft", "vanilla_draft", lambda m: {"n_layers": n},

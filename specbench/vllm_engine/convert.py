@@ -64,7 +64,7 @@ def load_tokenizer(model_cfg):
             p = gguf_path(model_cfg)
             tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
         else:
-            tok = AutoTokenizer.from_pretrained(str(model_cfg.id), revision=model_cfg.get("revision"))
+            tok = AutoTokenizer.from_pretrained(str(model_cfg.id), revision=model_cfg.revision)
     except OSError as e:
         raise SpecBenchError(f"cannot load the tokenizer of {model_cfg.name}: {str(e).splitlines()[0][:200]}") from None
-    return ChatTokenizer(tok, model_cfg.get("chat_template", True), list(model_cfg.get("eos_tokens", [])))
+    return ChatTokenizer(tok, model_cfg.chat_template, list(model_cfg.eos_tokens))

@@ -17,12 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from specbench.config import validate
 from specbench.errors import SpecBenchError
 from specbench.provenance import model_provenance, path_digest
 from specbench.rundir import RunDir, check_run_dir
+from specbench.settings import has, record
+from specbench.settings import of as run_settings
 from specbench.tasks import build_task
 from specbench.vllm_engine import settings
 from specbench.vllm_engine.convert import load_tokenizer, model_for_vllm
@@ -89,21 +91,22 @@ def worker_env(python: Path, kv_cache_gib: float) -> dict:
     return env
 
 
-def prompts_of(cfg: DictConfig):
-    """The task's samples and their first turns as token ids (the native engine's tokenizer and template)."""
-    samples = build_task(cfg.task).load()
-    tok = load_tokenizer(cfg.model)
+def prompts_of(run):
+    """The task's samples and their first turns as token ids (the native engine's tokenizer and
+    template); `run`: the run's settings."""
+    samples = build_task(run.task).load()
+    tok = load_tokenizer(run.model)
     prompts = [tok.encode_chat(s.messages([])) for s in samples]
-    limit = int(cfg.engine.max_model_len)
+    limit = int(run.engine.max_model_len)
     for s, p in zip(samples, prompts):
         if len(p) >= limit:
             raise SpecBenchError(f"sample {s.id!r}: the prompt has {len(p)} tokens, engine.max_model_len={limit}; raise it")
     return samples, prompts, tok
 
 
-def provenance_of(cfg: DictConfig) -> dict:
-    out = {"model": model_provenance(cfg.model, None), "artifacts": {}}
-    drafter = cfg.method.get("model")
+def provenance_of(run) -> dict:
+    out = {"model": model_provenance(run.model, None), "artifacts": {}}
+    drafter = run.method.model if has(run.method, "model") else None  # eagle, eagle3, medusa, draft_model
     if drafter and Path(str(drafter)).expanduser().exists():
         out["artifacts"]["model"] = path_digest(drafter)
     return out
@@ -169,35 +172,37 @@ def last_error(log: Path) -> str:
 
 
 def run_vllm(cfg: DictConfig) -> dict:
+    """An engine=vllm run of the composed config `cfg` (validated here, read as its settings;
+    `cfg` itself is only recorded: config.yaml, the fingerprint)."""
     validate(cfg)
-    check_run_dir(cfg.get("run_dir"))
-    python = settings.worker_python(cfg.engine)
-    version = check_environment(python, min(float(cfg.engine.timeout_s), PROBE_TIMEOUT_S))
-    samples, prompts, tok = prompts_of(cfg)
+    run = run_settings(cfg)
+    check_run_dir(run.run_dir)
+    python = settings.worker_python(run.engine)
+    version = check_environment(python, min(float(run.engine.timeout_s), PROBE_TIMEOUT_S))
+    samples, prompts, tok = prompts_of(run)
     ids = [s.id for s in samples]
-    provenance = provenance_of(cfg)
-    model = model_for_vllm(cfg.model, provenance["model"])  # the converted model lives in the cache, not the run dir
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    meta = {"engine": "vllm", "method": cfg.method.name, "task": cfg.task.name, "model": cfg.model.name, "vllm_model": model,
-            "speculative_config": settings.speculative_config(plain["method"]), "sampling": plain["sampling"],
-            "max_new_tokens": int(cfg.max_new_tokens), "prompts": len(prompts), "first_turn_only": any(len(s.turns) > 1 for s in samples),
+    provenance = provenance_of(run)
+    model = model_for_vllm(run.model, provenance["model"])  # the converted model lives in the cache, not the run dir
+    meta = {"engine": "vllm", "method": run.method.name, "task": run.task.name, "model": run.model.name, "vllm_model": model,
+            "speculative_config": settings.speculative_config(run.method), "sampling": record(run.sampling),
+            "max_new_tokens": int(run.max_new_tokens), "prompts": len(prompts), "first_turn_only": any(len(s.turns) > 1 for s in samples),
             "vllm_version": version, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    run_dir = RunDir(Path(cfg.run_dir), cfg, bool(cfg.get("overwrite", False)), provenance)
+    run_dir = RunDir(Path(run.run_dir), cfg, bool(run.overwrite), provenance)
     try:
         done = run_dir.done()
         for rec in done.values():
             if rec.get("prompt_ids") != ids:
                 raise SpecBenchError(f"run dir {run_dir.path} holds {rec['id']} measured on other prompts (task.num_samples or "
                                      "task.seed changed); choose another run_name or pass overwrite=true")
-        batches = [int(b) for b in cfg.engine.batch_sizes]
+        batches = [int(b) for b in run.engine.batch_sizes]
         todo = [b for b in batches if f"batch-{b}" not in done]
         if todo:
-            spec = settings.worker_spec(plain, model, prompts, ids, todo, tok.eos_ids, int(cfg.max_new_tokens), "")
-            spec["kv_cache_gib"] = float(cfg.engine.kv_cache_gib)
-            task = build_task(cfg.task)
-            print(f"vllm: {cfg.method.name} and AR, {len(prompts)} prompts, batch sizes {todo} (worker log: {run_dir.path / 'worker.log'})")
+            spec = settings.worker_spec(run, model, prompts, ids, todo, tok.eos_ids, int(run.max_new_tokens), "")
+            spec["kv_cache_gib"] = float(run.engine.kv_cache_gib)
+            task = build_task(run.task)
+            print(f"vllm: {run.method.name} and AR, {len(prompts)} prompts, batch sizes {todo} (worker log: {run_dir.path / 'worker.log'})")
             on_record = lambda rec: run_dir.append(batch_record(rec, batches.index(rec["batch_size"]), samples, ids, task, tok))  # noqa: E731
-            meta["worker"] = run_worker(python, spec, run_dir.path / "worker.log", float(cfg.engine.timeout_s), on_record)
+            meta["worker"] = run_worker(python, spec, run_dir.path / "worker.log", float(run.engine.timeout_s), on_record)
         done = run_dir.done()
         records = list(done.values())  # every batch size measured into this dir (engine.batch_sizes may grow)
         summary = summarize(records) | {"meta": meta}
