@@ -27,6 +27,7 @@ from specbench.tasks.base import Sample
 from specbench.tasks import humaneval
 from specbench.tasks.humaneval import HumanEval
 from specbench.tasks.sandbox import run_judged, run_python
+from tests.helpers import task_settings
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = [pytest.param(True, id="bwrap"), pytest.param(False, id="plain")]
@@ -87,7 +88,7 @@ def test_humaneval_score_needs_the_checks_to_finish():
     problem = {"task_id": "T/0", "prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n", "entry_point": "add",
                "test": "def check(f):\n    assert f(2, 2) == 4\n", "canonical_solution": "    return a + b\n"}
     s = Sample(id="T/0", turns=["x"], reference=problem)
-    t = HumanEval({"timeout_s": 10, "memory_mb": 512})
+    t = HumanEval(task_settings("humaneval", timeout_s=10, memory_mb=512))
     hostile = "```python\ndef add(a, b):\n    return 0\nimport os\nos._exit(0)\n```"
     assert t.score(s, [hostile]) == {"pass@1": 0.0}
     assert t.score(s, ["```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
@@ -249,12 +250,12 @@ FORGERIES = {
 
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_a_pass_cannot_be_forged(name, isolated):
-    check_not_forged(HumanEval({"timeout_s": 10, "memory_mb": 512}), name)
+    check_not_forged(HumanEval(task_settings("humaneval", timeout_s=10, memory_mb=512)), name)
 
 
 @pytest.mark.parametrize("name", ["frames", "environment", "fake_token_and_verdict", "always_equal"])
 def test_no_token_to_steal_even_unisolated(name, no_bwrap):
-    check_not_forged(HumanEval({"timeout_s": 10, "memory_mb": 512, "allow_unisolated": True}), name)
+    check_not_forged(HumanEval(task_settings("humaneval", timeout_s=10, memory_mb=512, allow_unisolated=True)), name)
 
 
 def check_not_forged(t, name):
@@ -308,7 +309,7 @@ def no_bwrap(monkeypatch, tmp_path):
 def test_without_bwrap_nothing_runs(no_bwrap):
     assert sandbox.bwrap_usable() is None
     with pytest.raises(SpecBenchError, match="bubblewrap.*task.allow_unisolated=true"):
-        HumanEval({"num_samples": 1}).load()
+        HumanEval(task_settings("humaneval", num_samples=1)).load()
     with pytest.raises(SpecBenchError, match="bubblewrap"):
         run_python("pass")
 
@@ -325,17 +326,17 @@ def test_without_bwrap_the_cli_stops_before_decoding(tmp_path):
 
 
 def test_the_opt_in_runs_unisolated_and_says_so(no_bwrap):
-    t = HumanEval({"allow_unisolated": True, "timeout_s": 10, "memory_mb": 512})
+    t = HumanEval(task_settings("humaneval", allow_unisolated=True, timeout_s=10, memory_mb=512))
     t.check_sandbox()
     assert any("WITHOUT isolation" in n for n in t.notes())
     s = Sample(id="T/1", turns=["x"], reference=ADD)
     assert t.score(s, ["```python\ndef add(a, b):\n    return a + b\n```"]) == {"pass@1": 1.0}
     with pytest.raises(SpecBenchError, match="task.allow_unisolated='yes'"):
-        HumanEval({"allow_unisolated": "yes"}).load()
+        HumanEval(task_settings("humaneval", allow_unisolated="yes")).load()
 
 
 def test_isolated_runs_have_no_notes(isolated):
-    assert HumanEval({}).notes() == []
+    assert HumanEval(task_settings("humaneval")).notes() == []
 
 
 # -- a program that cannot start is an error, never a silent fail -------------------------------
@@ -344,10 +345,10 @@ def test_a_sandbox_that_cannot_start_python_stops_the_run(isolated, monkeypatch)
     r = run_python("pass")
     assert (r.passed, r.status, r.started) == (False, "error", False)
     with pytest.raises(SpecBenchError, match="sandbox does not work here"):
-        HumanEval({}).check_sandbox()
+        HumanEval(task_settings("humaneval")).check_sandbox()
     s = Sample(id="T/1", turns=["x"], reference=ADD)
     with pytest.raises(SpecBenchError, match="could not start python for T/1"):
-        HumanEval({}).score(s, ["```python\ndef add(a, b):\n    return a + b\n```"])
+        HumanEval(task_settings("humaneval")).score(s, ["```python\ndef add(a, b):\n    return a + b\n```"])
 
 
 def make_venv(kind: str, root: Path) -> Path:
@@ -431,7 +432,7 @@ def test_a_completion_cannot_pass_by_reading_the_answer_key(isolated):
         f"                return scope[{name!r}](*args)\n"
     )
     s = Sample(id=problem["task_id"], turns=["x"], reference=problem)
-    t = HumanEval({"timeout_s": 10, "memory_mb": 512})
+    t = HumanEval(task_settings("humaneval", timeout_s=10, memory_mb=512))
     assert t.score(s, [f"```python\n{cheat}```"]) == {"pass@1": 0.0}
     assert t.score(s, [f"```python\n{problem['prompt']}{problem['canonical_solution']}```"]) == {"pass@1": 1.0}
 
@@ -462,5 +463,5 @@ def test_untrusted_text_is_never_compiled_in_the_parent(isolated, monkeypatch):
     real = compile
     monkeypatch.setattr("builtins.compile", lambda src, *a, **k: compiled.append(src) or real(src, *a, **k))
     s = Sample(id="T/1", turns=["x"], reference=ADD)
-    assert HumanEval({}).score(s, [deep]) == {"pass@1": 0.0}  # too deep for the compiler: fails, harness intact
+    assert HumanEval(task_settings("humaneval")).score(s, [deep]) == {"pass@1": 0.0}  # too deep for the compiler: fails, harness intact
     assert not any("+ 0 + 0" in str(c) for c in compiled)
