@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 HYDRA_TREE = "[[0],[0,0],[1],[0,1],[2],[0,0,0],[1,0],[0,2],[3],[0,3],[4],[0,4],[2,0],[0,5],[0,0,1],[0,0,0,0]]"  # conf/method/hydra.yaml's
 

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 
 def ar_tokens(run_dirs) -> list[int]:

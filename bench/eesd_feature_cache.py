@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from specbench.cachedir import cache_dir
+from specbench.core.cachedir import cache_dir
 from specbench.config import compose
 from specbench.models import load_model
 from specbench.settings import merge, of

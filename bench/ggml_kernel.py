@@ -30,7 +30,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128]
 

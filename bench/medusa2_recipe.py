@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.metrics.acceptance import position_rates
 from specbench.rundir import _record
 from specbench.summary import aggregate
-from specbench.table import markdown
+from specbench.core.table import markdown
 
 
 

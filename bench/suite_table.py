@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.table import markdown
+from specbench.core.table import markdown
 
 
 def _f(x, spec=".2f") -> str:

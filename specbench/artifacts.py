@@ -26,8 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench.cachedir import cache_dir
-from specbench.errors import SpecBenchError
+from specbench.core.cachedir import cache_dir
+from specbench.core.errors import SpecBenchError
 from specbench.models.backends import apply_backend, backend_of
 
 FORMAT = "specbench-checkpoint/1"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specbench import modelinfo
-from specbench.errors import SpecBenchError, bad_value
+from specbench.core.errors import SpecBenchError, bad_value
 
 VOCAB, CONTEXT, WIDTH, MEMORY, LAYERS = "vocab", "context", "width", "memory", "layers"
 # method -> key -> its bound (one of the above, '+'-joined) or, for a key left unbounded, why

@@ -35,7 +35,7 @@ from specbench.artifacts import cache_dir
 from specbench.config import CONF_DIR, check_choices, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
 from specbench.profiling import profile_forward

@@ -8,7 +8,7 @@ import hydra
 from omegaconf import DictConfig
 
 from specbench.config import CONF_DIR, fail, precheck
-from specbench.errors import Interrupted, SpecBenchError
+from specbench.core.errors import Interrupted, SpecBenchError
 from specbench.help import main_help, wants_help
 from specbench.vllm_engine.hooks import engine_argv
 

@@ -24,7 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench import bounds, modelinfo, schema, settings
-from specbench.errors import SpecBenchError, bad_value, show_value
+from specbench.core.errors import SpecBenchError, bad_value, show_value
 from specbench.rundir import check_run_dir
 from specbench.settings import CONF_DIR
 from specbench.vllm_engine.hooks import engine_rules, method_configs, method_options

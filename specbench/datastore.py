@@ -10,7 +10,7 @@ working directory. The entries' token ids are concatenated with no separator, as
 `draftretriever.Writer.add_entry` does, so a continuation may run into the next entry.
 
 The datastore is cached in `<cache>/datastore/<model>-<tokenizer hash>-<corpus hash>.npz`
-(specbench/cachedir.py): built once by this command, or by `method=rest` on first use.
+(specbench/core/cachedir.py): built once by this command, or by `method=rest` on first use.
 
 Suffix array: prefix doubling, O(n log^2 n) with numpy sorts (`suffix_array`); a suffix that
 runs out sorts before its extensions, which is what Python's list/array comparison does, so
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from specbench.artifacts import atomic_write, safe_key
-from specbench.cachedir import cache_dir
-from specbench.errors import SpecBenchError
+from specbench.core.cachedir import cache_dir
+from specbench.core.errors import SpecBenchError
 
 
 def suffix_array(tokens: np.ndarray) -> np.ndarray:

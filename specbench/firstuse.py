@@ -20,7 +20,7 @@ from pathlib import Path
 
 from specbench import settings
 from specbench.artifacts import checkpoint_meta, trained_summary
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.train.parts import Part
 from specbench.train.session import FIRST_USE, train_model
 

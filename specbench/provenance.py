@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from specbench.cachedir import cache_dir
+from specbench.core.cachedir import cache_dir
 
 CHUNK = 1 << 20
 SHORT = 8  # hex digits of a hash shown in messages and labels

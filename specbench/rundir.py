@@ -35,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.errors import Interrupted, SpecBenchError
+from specbench.core.errors import Interrupted, SpecBenchError
 from specbench.provenance import describe_change
 from specbench.vllm_engine.hooks import RUN_FILES as ENGINE_FILES, fingerprint_engine
 

@@ -21,10 +21,10 @@ from tqdm import tqdm
 from specbench import settings
 from specbench.bounds import check_widths
 from specbench.config import validate
-from specbench.cpuinfo import cpuinfo_field
+from specbench.core.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.firstuse import ensure_trained
 from specbench.interference import StepHistory, measure_load, run_checked, shared_cores
 from specbench.methods import build_method

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specbench.errors import SpecBenchError, bad_value
+from specbench.core.errors import SpecBenchError, bad_value
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes < 2**64; per-sample seeds add the sample index
 THREADS_MAX = 1024

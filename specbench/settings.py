@@ -34,7 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench import schema
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 _CLASSES: dict[str, type] = {}

@@ -46,7 +46,7 @@ from specbench import settings
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
 from specbench.config import check_choices, check_values, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.methods.self_sd import heuristic_skip, model_key
 from specbench.models import LayerSkip, load_model

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import statistics
 
-from specbench import table
+from specbench.core import table
 from specbench.interference import foreign_share
 from specbench.metrics import (StepStats, acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats,
                                predicted_speedup)
 from specbench.metrics.costmodel import interp_cost
 from specbench.profiling import refit_costs
-from specbench.stats import pooled_speedup_ci
-from specbench.table import Column
+from specbench.core.stats import pooled_speedup_ci
+from specbench.core.table import Column
 
 def uncertainty(records: list[dict], ci) -> dict:
     """Median per-sample speedup, bootstrap CI of the pooled one, and the wide-CI flag; `ci`: the

@@ -9,7 +9,7 @@ import torch
 from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny_model
 from torch import nn
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import load_heads
 from specbench.models import (
     BACKENDS,

@@ -13,7 +13,7 @@ import yaml
 
 import specbench.methods  # noqa: F401 - registers the methods
 from specbench.config import compose
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import METHODS
 from specbench.report import board, report
 from specbench.rundir import fingerprint

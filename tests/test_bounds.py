@@ -11,7 +11,7 @@ import pytest
 
 from specbench import bounds, schema
 from specbench.config import compose, validate
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 HUGE = 10**9
 KINDS = {bounds.VOCAB, bounds.CONTEXT, bounds.WIDTH, bounds.MEMORY, bounds.LAYERS, "hidden (medusa2 with LoRA)",

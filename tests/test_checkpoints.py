@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from specbench.artifacts import save_checkpoint
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftRef
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import EagleHead
 from specbench.methods.eesd import EarlyExit
 from specbench.models import ggml, truncated_copy

@@ -10,7 +10,7 @@ from helpers import tiny_settings
 
 from specbench import modelinfo, schema
 from specbench.config import CONF_DIR, check_value, compose, validate
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 GROUP_TABLES = {"method": schema.METHODS, "task": schema.TASKS, "control": schema.CONTROLS}
 

@@ -12,7 +12,7 @@ from helpers import ar_tokens, build, control, method_cfg, q4_tiny_model, run_va
 from test_every_method import method_config
 from test_lossless import E2E_PROMPT, E2E_SAMPLING, exact_marginal_pvalue, exact_next
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import draft_vocab
 from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
 from specbench.models import ggml

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 from helpers import CONF, GREEDY, build, control_settings, method_cfg, tiny_model
 

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 import specbench.runner as runner
 from helpers import CONF
 from specbench import artifacts, firstuse
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import METHODS as REGISTERED
 from specbench.models import load_model
 from specbench.settings import of

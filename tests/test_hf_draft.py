@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from helpers import CONF
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.runner import run
 
 SPECIAL = ["<s>", "</s>", "<pad>"]

@@ -42,7 +42,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def _discovered(node, name: str, modules: set[str]) -> set[str] | None:
-    """`import_submodules("pkg")` (specbench/discover.py) imports pkg's public modules: the same
+    """`import_submodules("pkg")` (specbench/core/discover.py) imports pkg's public modules: the same
     edges as writing each import, so a discovery that closes a cycle is caught too."""
     if not isinstance(node, ast.Call) or getattr(node.func, "id", getattr(node.func, "attr", None)) != "import_submodules":
         return None

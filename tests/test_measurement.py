@@ -19,7 +19,7 @@ from specbench.calibrate import main as calibrate_main
 from specbench.interference import StepHistory, run_checked
 from specbench.models.adapter import ModelAdapter
 from specbench.profiling import profile_forward, refit_costs, suspects
-from specbench.stats import pooled_speedup_ci
+from specbench.core.stats import pooled_speedup_ci
 from specbench.summary import aggregate
 
 N = 5

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 import specbench.runner as runner
 from helpers import CONF, REPO, tiny_model
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.provenance import file_sha256
 from specbench.report import find_runs, report
 from test_report import make_run

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
 from helpers import run_cli
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import MODEL_LOADERS
 from specbench.settings import shipped
 

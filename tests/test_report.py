@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report import main as report_main
 from specbench.report import pool_repeats, find_runs, report
-from specbench.stats import pooled_speedup_ci
+from specbench.core.stats import pooled_speedup_ci
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

@@ -20,7 +20,7 @@ from test_trainingfree import top5
 
 from specbench import datastore
 from specbench.datastore import Datastore, suffix_array
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.suffix import SuffixTrie
 from specbench.warmup import warm_up
 

@@ -13,7 +13,7 @@ import torch
 
 import specbench.runner as runner
 from helpers import REPO, start_cli, tiny_model
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report import find_runs
 from specbench.tasks.base import Sample
 from test_runner import NUM_SAMPLES, check_complete, make_cfg, records

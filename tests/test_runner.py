@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 import specbench.runner as runner
 from helpers import CONF
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 NUM_SAMPLES = 4
 

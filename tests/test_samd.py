@@ -21,7 +21,7 @@ from test_lossless import SETTINGS, TARGETS, check_lossless, prompts
 from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
 from test_retrieval import QA, REPETITIVE, own_corpus, sampleable_paths, store
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import training_pairs
 from specbench.methods.sam import CorpusIndex, SuffixAutomaton, choose
 from specbench.settings import merge

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbench.engine.sampling import SamplingConfig, probs
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.self_sd import heuristic_skip, resolve_skip
 from specbench.models import LayerSkip, load_model
 from specbench.skipsearch import load_result, result_path, save_result, search_skip_set

@@ -14,7 +14,7 @@ from helpers import CONF, run_settings
 
 from specbench import schema, settings
 from specbench.config import compose
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.vllm_engine.hooks import engine_argv
 
 PKG = Path(__file__).resolve().parents[1] / "specbench"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specbench import artifacts, settings
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
 from specbench.provenance import file_sha256
 from specbench.publish import publish

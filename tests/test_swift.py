@@ -21,7 +21,7 @@ from test_runner import make_cfg, records
 import specbench.methods.swift as swift_module
 from specbench import runner
 from specbench.engine.tree import TokenTree
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import swift_search as S
 from specbench.methods.swift import candidate_count, dynamic_tree
 from specbench.models import LayerSkip

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from specbench.engine import timer as timer_mod
 from specbench.engine.timer import PhaseTimer
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import base as base_mod
 from tests.helpers import build, control, method_cfg, tiny_model
 

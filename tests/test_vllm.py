@@ -17,7 +17,7 @@ import yaml
 from specbench import schema
 from specbench.config import CONF_DIR, compose, validate
 from specbench.vllm_engine.hooks import engine_argv
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.rundir import config_hash
 
 pytestmark = pytest.mark.vllm

@@ -4,7 +4,7 @@
 from specbench import settings
 from specbench.control import beta_ts, cali_ts, fixed, threshold  # noqa: F401 - registration
 from specbench.control.base import CONTROLLERS, Controller, DraftInfo, DraftRef
-from specbench.errors import choice_error
+from specbench.core.errors import choice_error
 
 __all__ = ["CONTROLLERS", "Controller", "DraftInfo", "DraftRef", "build_controller"]
 

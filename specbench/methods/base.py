@@ -25,7 +25,7 @@ from specbench.engine.timer import PhaseTimer
 from specbench.engine.transfer import take, upload
 from specbench.engine.tree import verify_tree_greedy_device
 from specbench.engine.verify import Proposal, Verifier, verification_input
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
 from specbench.models.graphs import CAPTURES

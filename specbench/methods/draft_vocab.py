@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter, apply_backend, backend_of
 from specbench.settings import RunValues
 from specbench.train.data import build_sequences, sequences_path

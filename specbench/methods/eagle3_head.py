@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from specbench.artifacts import apply_checkpoint, check_state, expected_state, load_checkpoint, read_json_object, read_weights_file
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.models.adapter import cache_kwarg
 

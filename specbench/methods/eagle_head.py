@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
 

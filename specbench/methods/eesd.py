@@ -28,7 +28,7 @@ from torch import nn
 from specbench.artifacts import apply_checkpoint, load_checkpoint
 from specbench.control import DraftRef
 from specbench.engine.cache import KVCache
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.models import ModelAdapter

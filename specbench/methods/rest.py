@@ -31,7 +31,7 @@ import numpy as np
 
 from specbench.datastore import load_or_build, parse_spec
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.retrieval import cut_paths, prefix_counts, token_tree, top_nodes
 

@@ -29,7 +29,7 @@ import os
 import torch
 from specbench.datastore import load_or_build
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import METHODS, SpeculativeMethod, register_method
 from specbench.methods.eagle import Eagle
 from specbench.methods.sam import AUX, DYNAMIC, CorpusIndex, SuffixAutomaton, choose

@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.retrieval import token_tree
 

@@ -37,7 +37,7 @@ import torch
 from specbench.engine.sampling import probs, sample
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.self_sd import skipped_draft
 from specbench.methods.swift_search import (

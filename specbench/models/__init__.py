@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from specbench import settings
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models.adapter import LayerSkip, ModelAdapter
 from specbench.models.backends import BACKENDS, apply_backend, backend_of, check_backend
 from specbench.models.tokenizer import ByteTokenizer, ChatTokenizer

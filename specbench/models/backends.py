@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models import ggml, ggml_q8
 
 # oneDNN picks its blocked layout for a batch-size hint; verification batches are 1..16 rows

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report.load import UNRECORDED, Run, _flatten, _is_neutral, find_runs
-from specbench.table import Column, markdown
+from specbench.core.table import Column, markdown
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDER = REPO / "results" / "leaderboard"

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.rundir import moved_aside, read_finished, trains_on_first_use
 
 # fingerprint keys that never make two runs different systems

@@ -2,7 +2,7 @@
 lives here, not in base.py, so no module imports the package from inside it)."""
 
 from specbench import settings
-from specbench.errors import choice_error
+from specbench.core.errors import choice_error
 from specbench.tasks import gsm8k, humaneval, jsonl_task, mt_bench, spec_bench, xsum  # noqa: F401 - registration
 from specbench.tasks.base import TASKS, Sample, Task
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 
 from specbench import settings
 from specbench.config import check_choices, compose, fail, validate
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.help import train_help, wants_help
 from specbench.models import load_model
 from specbench.train.session import TRAINERS, train_model

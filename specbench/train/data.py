@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from specbench import settings
 from specbench.artifacts import cache_dir, read_json, write_json
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 
 TEMPLATES = (

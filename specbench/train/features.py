@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specbench.artifacts import all_finite, atomic_write, cache_dir, safe_key
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 
 FORMAT = "specbench-features/1"

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from specbench import settings
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.train import resume as resume_state
 from specbench.train.data import teacher_labels

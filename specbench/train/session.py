@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from specbench.discover import import_submodules
+from specbench.core.discover import import_submodules
 from specbench.train.data import load_sequences, sequences_hash
 from specbench.train.loop import DATA
 from specbench.train.parts import FIRST_USE

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbench import schema
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 VLLM_METHOD_DIR = "vllm"
 HEAD_METHODS = ("eagle", "eagle3", "medusa", "draft_model")  # vLLM loads a drafter: method.model

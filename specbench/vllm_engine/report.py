@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from specbench import table
-from specbench.errors import SpecBenchError
+from specbench.core import table
+from specbench.core.errors import SpecBenchError
 from specbench.rundir import moved_aside, read_finished
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from specbench.config import validate
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.provenance import model_provenance, path_digest
 from specbench.rundir import RunDir, check_run_dir
 from specbench.settings import has, record
