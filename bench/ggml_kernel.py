@@ -90,7 +90,7 @@ def main() -> None:
 
     from embedded import embedded_model
 
-    from specbench.models import ggml, ggml_q8
+    from specbench.kernels import ggml, ggml_q8
 
     target = embedded_model(args.threads)
     layers = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from specbench.core.cachedir import cache_dir
 from specbench.core.errors import SpecBenchError
-from specbench.models.backends import apply_backend, backend_of
+from specbench.kernels.backends import apply_backend, backend_of
 
 FORMAT = "specbench-checkpoint/1"
 TRAIN_HINT = {

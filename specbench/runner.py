@@ -32,7 +32,7 @@ from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
-from specbench.models.backends import check_backend
+from specbench.kernels.backends import check_backend
 from specbench.models.graphs import precapture
 from specbench.profiling import profile_forward
 from specbench.provenance import run_provenance

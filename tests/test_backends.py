@@ -1,4 +1,4 @@
-"""model.backend: CPU linear-layer kernels (specbench/models/backends.py)."""
+"""model.backend: CPU linear-layer kernels (specbench/kernels/backends.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from specbench.models import (
     backends,
     truncated_copy,
 )
-from specbench.models.backends import (
+from specbench.kernels.backends import (
     BATCH_DEPENDENT,
     HYBRID_MIN_ROWS,
     BackendLinear,

@@ -21,7 +21,8 @@ from specbench.control.base import DraftRef
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import EagleHead
 from specbench.methods.eesd import EarlyExit
-from specbench.models import ggml, truncated_copy
+from specbench.kernels import ggml
+from specbench.models import truncated_copy
 from tests.helpers import build, controller, method_cfg, tiny_model
 
 SETTINGS = {"steps": 1, "train_sequences": 1}

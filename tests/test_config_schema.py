@@ -60,7 +60,7 @@ def test_choice_lists_equal_the_code_registries():
     from specbench.control.beta_ts import COUNTS
     from specbench.methods import METHODS
     from specbench.models import DTYPES, MODEL_LOADERS, tiny_llama_config
-    from specbench.models.backends import BACKENDS
+    from specbench.kernels.backends import BACKENDS
     from specbench.models.tokenizer import ByteTokenizer
     from specbench.skipsearch import SEARCH_FILE
     from specbench.tasks import TASKS

@@ -15,7 +15,7 @@ from test_lossless import E2E_PROMPT, E2E_SAMPLING, exact_marginal_pvalue, exact
 from specbench.core.errors import SpecBenchError
 from specbench.methods import draft_vocab
 from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
-from specbench.models import ggml
+from specbench.kernels import ggml
 from specbench.settings import merge
 
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]

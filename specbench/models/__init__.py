@@ -17,7 +17,7 @@ import torch
 from specbench import settings
 from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models.adapter import LayerSkip, ModelAdapter
-from specbench.models.backends import BACKENDS, apply_backend, backend_of, check_backend
+from specbench.kernels.backends import BACKENDS, apply_backend, backend_of, check_backend
 from specbench.models.tokenizer import ByteTokenizer, ChatTokenizer
 
 __all__ = ["LayerSkip", "ModelAdapter", "load_model", "truncated_copy", "MODEL_LOADERS", "BACKENDS", "apply_backend", "backend_of"]
