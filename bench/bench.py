@@ -136,10 +136,10 @@ def main() -> None:
 
     from hydra import compose, initialize_config_dir
 
-    from specbench.config import CONF_DIR
+    from specbench.config.compose import CONF_DIR
     from specbench.models import load_model
     from specbench.runner import run
-    from specbench.settings import of
+    from specbench.config.settings import of
 
     suite = SUITES[args.suite]
     out = Path(args.out)

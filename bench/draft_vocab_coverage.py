@@ -49,7 +49,7 @@ def main() -> None:
     from embedded import embedded_model
     from ggml_kernel import median_ms
     from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
-    from specbench.settings import shipped
+    from specbench.config.settings import shipped
     from specbench.train.data import build_sequences
 
     target = embedded_model(1, args.backend)

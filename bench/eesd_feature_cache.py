@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from specbench.core.cachedir import cache_dir
-from specbench.config import compose
+from specbench.config.compose import compose
 from specbench.models import load_model
-from specbench.settings import merge, of
+from specbench.config.settings import merge, of
 from specbench.train.session import train_model
 
 

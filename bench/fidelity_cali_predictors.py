@@ -16,7 +16,7 @@ from specbench.cli import CONF_DIR
 from specbench.control.cali_ts import CaliPredictor
 from specbench.methods.eesd import load_early_exit
 from specbench.models import load_model
-from specbench.settings import of
+from specbench.config.settings import of
 from specbench.train import loop, trainers
 from specbench.train.data import build_sequences
 

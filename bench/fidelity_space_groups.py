@@ -16,7 +16,7 @@ from specbench.engine.tree import space_indices, space_layout
 from specbench.methods import build_method
 from specbench.methods.space import MASK
 from specbench.models import load_model
-from specbench.settings import of, run_values
+from specbench.config.settings import of, run_values
 from specbench.engine.sampling import SamplingConfig
 from specbench.train.data import build_sequences
 

@@ -30,8 +30,8 @@ from specbench.core.table import markdown
 
 def default_ci():
     """conf/config.yaml's measure.ci (the runner's own, for a run stopped before its summary)."""
-    from specbench.config import compose
-    from specbench.settings import of
+    from specbench.config.compose import compose
+    from specbench.config.settings import of
 
     return of(compose([])).measure.ci
 

@@ -46,9 +46,9 @@ def partial_summary(run_dir: Path) -> dict:
     """A run stopped before its last sample (bench cells are time-boxed) has no summary.json: the
     runner's own aggregation over the samples it finished (nothing in them is partial: each line is
     one finished sample)."""
-    from specbench.config import compose
+    from specbench.config.compose import compose
     from specbench.interference import shared_cores
-    from specbench.settings import merge, of
+    from specbench.config.settings import merge, of
     from specbench.summary import aggregate
 
     records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from specbench import settings
+from specbench.config import settings
 from specbench.artifacts import cache_dir
-from specbench.config import CONF_DIR, check_choices, fail, validate
+from specbench.config.compose import CONF_DIR, check_choices, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
 from specbench.core.errors import SpecBenchError

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=os.environ.get("SPECBENCH_DATA_DIR"))
     args = ap.parse_args(argv)
     from specbench.models import load_model
-    from specbench.settings import CONF_DIR, shipped
+    from specbench.config.settings import CONF_DIR, shipped
 
     try:
         conf = CONF_DIR / "model" / f"{args.model}.yaml"

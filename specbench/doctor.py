@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from specbench.config import CONF_DIR, fail
+from specbench.config.compose import CONF_DIR, fail
 
 REPO = CONF_DIR.parent
 DEVICES = ("cuda", "cpu")
@@ -128,7 +128,7 @@ SYNC_METHODS = ["ar", "pld", "suffix", "eagle3", "eagle", "eesd", "medusa"]
 
 def model_cfg(name: str, device: str):
     """The model's settings: conf/model/<name>.yaml, or conf/model/hf.yaml with id=name."""
-    from specbench import settings
+    from specbench.config import settings
 
     over = {"device": device}
     if device == "cuda":
@@ -141,7 +141,7 @@ def model_cfg(name: str, device: str):
 def gsm8k_prompts(target, n: int) -> tuple[list[list[int]], str]:
     """The first n GSM8K test questions as chat prompts: from SPECBENCH_DATA_DIR, else the few the
     tests ship (tests/data, enough for the doctor on a machine without the data)."""
-    from specbench.settings import shipped
+    from specbench.config.settings import shipped
     from specbench.tasks import build_task
 
     data = os.environ.get("SPECBENCH_DATA_DIR", "")

@@ -137,8 +137,8 @@ def artifact_provenance(settings: dict, describe: dict, inputs: dict | None = No
 
 
 def run_provenance(run, target, method) -> dict:
-    """`run`: the run's settings (specbench/settings.py)."""
-    from specbench.settings import record
+    """`run`: the run's settings (specbench/config/settings.py)."""
+    from specbench.config.settings import record
 
     given = {g: record(getattr(run, g)) for g in ("method", "control")}
     return {"model": model_provenance(run.model, target),

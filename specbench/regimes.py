@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench import schema, settings
-from specbench.config import compose
+from specbench.config import schema, settings
+from specbench.config.compose import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.models.graphs import precapture
 

@@ -18,9 +18,9 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specbench import settings
-from specbench.bounds import check_widths
-from specbench.config import validate
+from specbench.config import settings
+from specbench.config.bounds import check_widths
+from specbench.config.compose import validate
 from specbench.core.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
@@ -36,7 +36,8 @@ from specbench.kernels.backends import check_backend
 from specbench.models.graphs import precapture
 from specbench.profiling import profile_forward
 from specbench.provenance import run_provenance
-from specbench.rundir import RunDir, check_run_dir
+from specbench.config.identity import check_run_dir
+from specbench.rundir import RunDir
 from specbench.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
@@ -178,7 +179,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
 @torch.no_grad()  # restores the caller's grad mode on return (in-process callers may train next)
 def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     """One benchmark run of the composed config `cfg` (validated here, then read as its typed
-    settings, specbench/settings.py; `cfg` itself is only recorded: config.yaml, the fingerprint).
+    settings, specbench/config/settings.py; `cfg` itself is only recorded: config.yaml, the fingerprint).
     `target`: an already loaded model for cfg.model (benchmarks that run several methods load it once)."""
     validate(cfg)
     rs = settings.of(cfg)

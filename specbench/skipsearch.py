@@ -42,19 +42,19 @@ from pathlib import Path
 
 import torch
 
-from specbench import settings
+from specbench.config import settings
 from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
-from specbench.config import check_choices, check_values, compose, fail, validate
+from specbench.config.compose import check_choices, check_values, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.core.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.methods.self_sd import heuristic_skip, model_key
 from specbench.models import LayerSkip, load_model
-from specbench.schema import SEARCH
+from specbench.config.schema import SEARCH
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample, read_jsonl
 from specbench.tasks.gsm8k import exemplar_answer, prompt
-from specbench.settings import CONF_DIR, RunValues, shipped
+from specbench.config.settings import CONF_DIR, RunValues, shipped
 
 FORMAT = "specbench-self_sd-skipsearch/1"
 SAMPLERS = ("tpe", "gp")
@@ -281,7 +281,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
             overrides.append(arg)
         else:
             raise SpecBenchError(f"arguments are key=value, got {arg!r}")
-    check_values(opts, SEARCH)  # types and ranges: specbench/schema.py
+    check_values(opts, SEARCH)  # types and ranges: specbench/config/schema.py
     return opts, overrides
 
 

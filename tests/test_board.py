@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 import specbench.methods  # noqa: F401 - registers the methods
-from specbench.config import compose
+from specbench.config.compose import compose
 from specbench.core.errors import SpecBenchError
 from specbench.methods.base import METHODS
 from specbench.report import board, report
-from specbench.rundir import fingerprint
-from specbench.settings import of
+from specbench.config.identity import fingerprint
+from specbench.config.settings import of
 from specbench.summary import aggregate
 
 SPEC = {"model": "tiny-llama", "tasks": ["gsm8k", "xsum"],

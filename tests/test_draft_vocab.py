@@ -16,7 +16,7 @@ from specbench.core.errors import SpecBenchError
 from specbench.methods import draft_vocab
 from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
 from specbench.kernels import ggml
-from specbench.settings import merge
+from specbench.config.settings import merge
 
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]
 DRAFTING = ["eesd", "self_sd", "medusa"]

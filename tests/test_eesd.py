@@ -16,7 +16,7 @@ from specbench.core.errors import SpecBenchError
 
 from helpers import CONF, GREEDY, build, control_settings, method_cfg, tiny_model
 
-from specbench.settings import of
+from specbench.config.settings import of
 
 CONTROLS = [
     {"name": "fixed", "k": 3, "k_max": 3},

@@ -12,7 +12,7 @@ from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from omegaconf import OmegaConf
 
 import specbench.control  # noqa: F401 - registers the controllers
-from specbench import schema, settings
+from specbench.config import schema, settings
 import specbench.methods  # noqa: F401 - registers the methods
 from specbench.control import CONTROLLERS
 from specbench.methods.base import METHODS, SpeculativeMethod

@@ -129,7 +129,7 @@ CASES = [
     Case("eagle3_two_layers", TINY + ["method=eagle3", "method.layers=[1,2]"], "three layer indices from 0 to 3"),
     Case("eagle3_draft_vocab_zero", TINY + ["method=eagle3", "method.draft_vocab_size=0"], "method.draft_vocab_size=0"),
     Case("draft_vocab_beyond_vocab", TINY + ["method=eesd", "method.draft_vocab.size=1000000"], "method.draft_vocab.size"),
-    # issue 42: sizes bounded by the model (specbench/bounds.py; every key: tests/test_bounds.py)
+    # issue 42: sizes bounded by the model (specbench/config/bounds.py; every key: tests/test_bounds.py)
     Case("lookahead_window_huge", TINY + ["method=lookahead", "method.window=100000"], "method.window=100000"),
     Case("rest_num_draft_huge_profiled", ["model=tiny-llama", "progress=false", "method=rest", "method.num_draft=1000000"],
          "method.num_draft=1000000"),

@@ -313,7 +313,7 @@ def test_real_runs_through_runner(tmp_path, data_dir, monkeypatch):
 
 def test_the_train_group_does_not_split_runs_of_a_method_that_trains_nothing(tmp_path):
     """Runs of PLD recorded under two first-use budgets (the `train` group) are one system, as
-    their run dirs are one identity (specbench.rundir.trains_on_first_use); the eleventh and
+    their run dirs are one identity (specbench.config.identity.trains_on_first_use); the eleventh and
     twelfth sessions' report labelled Token Recycling's rows by the budget."""
     root = tmp_path / "runs"
     for seed, n in enumerate((48, 32)):

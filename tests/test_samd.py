@@ -24,7 +24,7 @@ from test_retrieval import QA, REPETITIVE, own_corpus, sampleable_paths, store
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import training_pairs
 from specbench.methods.sam import CorpusIndex, SuffixAutomaton, choose
-from specbench.settings import merge
+from specbench.config.settings import merge
 from specbench.summary import source_split
 
 CORPUS = str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")
@@ -359,7 +359,7 @@ def test_first_use_trains_the_auxiliarys_part_with_its_settings(tmp_path, data_d
     from specbench import firstuse
     from specbench.artifacts import checkpoint_meta
     from specbench.models import load_model
-    from specbench.settings import of
+    from specbench.config.settings import of
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
     cfg = cfg_for(tmp_path, data_dir, "method=samd")

@@ -12,7 +12,7 @@ from helpers import CONF, run_settings
 import specbench.interference as interference
 from specbench.interference import foreign_cpu, measure_load, read_cpu_busy, shared_cores
 from specbench.report import report
-from specbench.settings import merge
+from specbench.config.settings import merge
 
 
 def measure(**over):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import artifacts, settings
+from specbench import artifacts
+from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
 from specbench.provenance import file_sha256
@@ -151,7 +152,7 @@ def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
     controller) is never found by `checkpoint: auto`: dead weight, and `make run` would train."""
     import types
 
-    from specbench.config import compose
+    from specbench.config.compose import compose
     from specbench.train.session import FIRST_USE as every  # imports every trainer module: the registry is whole
 
     kind = path.parent.name

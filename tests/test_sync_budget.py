@@ -48,7 +48,7 @@ from helpers import build, controller_args
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods.base import METHODS, SpeculativeMethod
-from specbench.settings import merge
+from specbench.config.settings import merge
 
 pytestmark = pytest.mark.fake_cuda
 

@@ -5,7 +5,7 @@ import pytest
 
 from helpers import task_settings
 
-from specbench import settings
+from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.tasks import TASKS, Sample, build_task
 from specbench.tasks.gsm8k import extract_number

@@ -145,7 +145,7 @@ def test_coarse_run_end_to_end(tmp_path):
 
 
 def test_fingerprint_keeps_old_run_dirs_resumable():
-    from specbench.rundir import fingerprint
+    from specbench.config.identity import fingerprint
 
     base = OmegaConf.create({"seed": 0, "method": {"name": "pld"}, "task": {"name": "gsm8k"}})
     assert fingerprint(OmegaConf.merge(base, {"timing": "fine"})) == fingerprint(base)  # recorded before `timing` existed

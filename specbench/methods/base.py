@@ -29,7 +29,7 @@ from specbench.core.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
 from specbench.models.graphs import CAPTURES
-from specbench.settings import RunValues
+from specbench.config.settings import RunValues
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Method:
         return "base" if self.finetuned_adapter is None else "fine-tuned"
 
     def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, run: RunValues):
-        """`cfg`: the method's own settings (specbench/settings.py); `run`: the few run-level
+        """`cfg`: the method's own settings (specbench/config/settings.py); `run`: the few run-level
         values a method reads (timing, its controller's settings, the data dir, ...)."""
         self.target = target
         self.cfg = cfg

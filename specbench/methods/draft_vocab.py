@@ -36,7 +36,7 @@ from torch import nn
 
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter, apply_backend, backend_of
-from specbench.settings import RunValues
+from specbench.config.settings import RunValues
 from specbench.train.data import build_sequences, sequences_path
 
 

@@ -92,7 +92,7 @@ def overrides(spec: Spec, row: Row, task: str) -> list[str]:
     """What `python -m specbench` is given to measure one cell (the caller adds run_dir)."""
     from omegaconf import OmegaConf
 
-    from specbench.config import CONF_DIR
+    from specbench.config.compose import CONF_DIR
 
     spec.check_task(task)
     method_conf = CONF_DIR / "method" / f"{row.method}.yaml"
@@ -104,9 +104,9 @@ def overrides(spec: Spec, row: Row, task: str) -> list[str]:
 
 
 def expected_config(args: list[str]) -> dict:
-    """What a run of `python -m specbench args` records as its config.json (rundir.fingerprint), provenance aside."""
-    from specbench.config import compose
-    from specbench.rundir import fingerprint
+    """What a run of `python -m specbench args` records as its config.json (identity.fingerprint), provenance aside."""
+    from specbench.config.compose import compose
+    from specbench.config.identity import fingerprint
 
     return fingerprint(compose([*args, "run_dir=unused"]))
 

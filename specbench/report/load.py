@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.core.errors import SpecBenchError
-from specbench.rundir import moved_aside, read_finished, trains_on_first_use
+from specbench.config.identity import trains_on_first_use
+from specbench.rundir import moved_aside, read_finished
 
 # fingerprint keys that never make two runs different systems
 # (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up; measure.* are

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specbench import settings
+from specbench.config import settings
 from specbench.artifacts import cache_dir, read_json, write_json
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter

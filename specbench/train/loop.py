@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from specbench import settings
+from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.train import resume as resume_state

@@ -49,7 +49,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from specbench import settings
+from specbench.config import settings
 from specbench.artifacts import save_checkpoint
 from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import MedusaHeads, medusa2_structure

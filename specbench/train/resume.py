@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench import settings
+from specbench.config import settings
 from specbench.artifacts import all_finite, atomic_write, checkpoint_path, safe_key
 
 FORMAT = "specbench-train-resume/1"

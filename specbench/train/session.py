@@ -22,7 +22,7 @@ __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
 
 def train_model(cfg, target, trainer: str | None = None) -> dict:
-    """Train with an already loaded target (`cfg`: the run's settings, specbench/settings.py;
+    """Train with an already loaded target (`cfg`: the run's settings, specbench/config/settings.py;
     `trainer`: a TRAINERS name, default the method's)."""
     data_dir = cfg.task.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
     sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))

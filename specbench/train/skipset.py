@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from specbench.artifacts import skip_result_path
 from specbench.methods.self_sd import model_key
-from specbench.settings import shipped
+from specbench.config.settings import shipped
 from specbench.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
 from specbench.train.parts import Part, first_use
 

@@ -15,7 +15,7 @@ import random
 import torch
 from torch.nn import functional as F
 
-from specbench.settings import merge as merge_settings
+from specbench.config.settings import merge as merge_settings
 from specbench.artifacts import save_checkpoint
 from specbench.methods.space import MASK, MaskedEmbed, finetuned_copy, space_structure
 from specbench.models import ModelAdapter

@@ -19,7 +19,7 @@ import random
 import torch
 from tqdm import tqdm
 
-from specbench import settings
+from specbench.config import settings
 from specbench.artifacts import find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.core.errors import SpecBenchError

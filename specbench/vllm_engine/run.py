@@ -19,12 +19,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specbench.config import validate
+from specbench.config.compose import validate
 from specbench.core.errors import SpecBenchError
 from specbench.provenance import model_provenance, path_digest
-from specbench.rundir import RunDir, check_run_dir
-from specbench.settings import has, record
-from specbench.settings import of as run_settings
+from specbench.config.identity import check_run_dir
+from specbench.rundir import RunDir
+from specbench.config.settings import has, record
+from specbench.config.settings import of as run_settings
 from specbench.tasks import build_task
 from specbench.vllm_engine import settings
 from specbench.vllm_engine.convert import load_tokenizer, model_for_vllm

@@ -158,7 +158,7 @@ TOP = {
     "progress": BOOL(),
     "overwrite": BOOL(),
     "run_name": STR(),
-    "run_dir": STR(empty=True),  # empty: refused by rundir.check_run_dir (config.rules), which says what to give
+    "run_dir": STR(empty=True),  # empty: refused by identity.check_run_dir (config.rules), which says what to give
 }
 
 # ------------------------------------------------------------------------------ task (by name)
