@@ -50,7 +50,7 @@ def main() -> None:
     from ggml_kernel import median_ms
     from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
     from specbench.config.settings import shipped
-    from specbench.train.data import build_sequences
+    from specbench.models.distill import build_sequences
 
     target = embedded_model(1, args.backend)
     train = shipped("train", "default")

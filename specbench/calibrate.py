@@ -2,7 +2,7 @@
 
 Measures, once per model and backend, what the cost model needs and whether the machine is
 quiet enough to benchmark, and saves it as JSON beside the checkpoint cache
-(`<cache dir>/calibration/<model key>-<device>-<dtype>.json`, the cache dir as in `specbench.artifacts`):
+(`<cache dir>/calibration/<model key>-<device>-<dtype>.json`, the cache dir as in `specbench.models.artifacts`):
 
   * T(k): the target's forward cost over k new tokens (specbench/profiling.py: repeats, median,
     monotonicity check with re-measurement, spread), at `profile.ks` / `profile.context`;
@@ -31,7 +31,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specbench.config import settings
-from specbench.artifacts import cache_dir
+from specbench.models.artifacts import cache_dir
 from specbench.config.compose import CONF_DIR, check_choices, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer

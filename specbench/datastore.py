@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specbench.artifacts import atomic_write, safe_key
+from specbench.models.artifacts import atomic_write, safe_key
 from specbench.core.cachedir import cache_dir
 from specbench.core.errors import SpecBenchError
 

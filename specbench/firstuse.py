@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from specbench.config import settings
-from specbench.artifacts import checkpoint_meta, trained_summary
+from specbench.models.artifacts import checkpoint_meta, trained_summary
 from specbench.core.errors import SpecBenchError
 from specbench.train.parts import Part
 from specbench.train.session import FIRST_USE, train_model

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from specbench.artifacts import _flatten, atomic_write, published_path, read_checkpoint
+from specbench.models.artifacts import _flatten, atomic_write, published_path, read_checkpoint
 from specbench.provenance import file_sha256
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from specbench.config import settings
-from specbench.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
+from specbench.models.artifacts import load_skip_result, safe_key, skip_result_path, write_json  # noqa: F401 - safe_key re-exported
 from specbench.config.compose import check_choices, check_values, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.core.errors import SpecBenchError

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench.artifacts import save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftRef
 from specbench.core.errors import SpecBenchError

@@ -62,7 +62,7 @@ def test_the_distilled_data_a_ranking_read_joins_the_provenance(monkeypatch, tmp
     """issue 42: a method's every input is in the run's identity; a draft vocabulary ranked from
     the self-distillation data names that file (or the journal of an unfinished generation)."""
     from specbench.provenance import artifact_provenance, file_sha256
-    from specbench.train.data import sequences_path
+    from specbench.models.distill import sequences_path
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = tiny_model()

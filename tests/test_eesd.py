@@ -130,7 +130,7 @@ def test_training_lowers_loss_and_checkpoint_reloads_identically(tmp_path, monke
         assert torch.equal(a, b)
 
     # a checkpoint trained for another structure is refused, not loaded
-    from specbench.artifacts import load_checkpoint
+    from specbench.models.artifacts import load_checkpoint
 
     path = next((tmp_path / "eesd").glob("*.safetensors"))
     with pytest.raises(SpecBenchError, match="was trained for"):

@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 
 import specbench.runner as runner
 from helpers import CONF
-from specbench import artifacts, firstuse
+from specbench.models import artifacts
+from specbench import firstuse
 from specbench.core.errors import SpecBenchError
 from specbench.methods import METHODS as REGISTERED
 from specbench.models import load_model

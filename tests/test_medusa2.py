@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbench import runner
-from specbench.artifacts import checkpoint_path, load_checkpoint
+from specbench.models.artifacts import checkpoint_path, load_checkpoint
 from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import medusa2_structure
 from specbench.metrics.acceptance import prefix_agreement

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench import artifacts
+from specbench.models import artifacts
 from specbench.core.errors import SpecBenchError
 from specbench.train import features
 from specbench.train import resume as resume_state

@@ -192,7 +192,7 @@ def test_new_weights_at_the_same_model_path_are_not_resumed_into(tmp_path):
 
 
 def _save_exit_layer(seed: int) -> Path:
-    from specbench.artifacts import save_checkpoint
+    from specbench.models.artifacts import save_checkpoint
     from specbench.methods.eesd import EarlyExit
 
     target = tiny_model()

@@ -357,7 +357,7 @@ def test_first_use_trains_the_auxiliarys_part_with_its_settings(tmp_path, data_d
     from test_firstuse import cfg_for
 
     from specbench import firstuse
-    from specbench.artifacts import checkpoint_meta
+    from specbench.models.artifacts import checkpoint_meta
     from specbench.models import load_model
     from specbench.config.settings import of
 

@@ -127,7 +127,7 @@ EXEMPT = ("config/compose.py", "config/schema.py", "report/")
 NOT_CONFIG = {
     # file, key: what the dict is
     ("methods/eagle3_head.py", "draft_vocab_size"): "a released EAGLE-3 draft's config.json (absent: the full vocabulary)",
-    ("artifacts.py", "n_layers"): "a checkpoint's structure, in the hint naming the training command",
+    ("models/artifacts.py", "n_layers"): "a checkpoint's structure, in the hint naming the training command",
     ("train/loop.py", "lora_dropout"): "a checkpoint's structure (SPACE's LoRA records no dropout)",
     ("summary.py", "device"): "a run's recorded meta (runs recorded before it was kept)",
     ("summary.py", "execution"): "a run's recorded meta (runs recorded before graphs mode existed)",

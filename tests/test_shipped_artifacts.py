@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import artifacts
+from specbench.models import artifacts
 from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of

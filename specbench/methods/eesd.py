@@ -25,7 +25,7 @@ import copy
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, load_checkpoint
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint
 from specbench.control import DraftRef
 from specbench.engine.cache import KVCache
 from specbench.core.errors import SpecBenchError

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
 from specbench.engine.cache import KVCache
 from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models import ModelAdapter

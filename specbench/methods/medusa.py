@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, load_checkpoint
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint
 from specbench.engine.tree import TokenTree
 from specbench.engine.transfer import upload
 from specbench.engine.verify import ACCEPTANCE, DeviceTree, Proposal

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from specbench.artifacts import load_skip_result, safe_key, skip_result_path
+from specbench.models.artifacts import load_skip_result, safe_key, skip_result_path
 from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset

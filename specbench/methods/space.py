@@ -34,7 +34,7 @@ import json
 import torch
 from torch import nn
 
-from specbench.artifacts import check_state, expected_state, load_checkpoint, trained_summary
+from specbench.models.artifacts import check_state, expected_state, load_checkpoint, trained_summary
 from specbench.engine.sampling import probs, sample
 from specbench.engine.transfer import take, upload
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout

@@ -10,7 +10,7 @@ text, and a trained checkpoint is picked up automatically (`draft.checkpoint: au
 
 from __future__ import annotations
 
-from specbench.artifacts import load_draft_checkpoint, trained_summary
+from specbench.models.artifacts import load_draft_checkpoint, trained_summary
 from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter, load_hf, truncated_copy

@@ -35,7 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from specbench.artifacts import all_finite, atomic_write, cache_dir, safe_key
+from specbench.models.artifacts import all_finite, atomic_write, cache_dir, safe_key
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 

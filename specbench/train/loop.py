@@ -19,7 +19,7 @@ from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.train import resume as resume_state
-from specbench.train.data import teacher_labels
+from specbench.models.distill import teacher_labels
 
 
 def pad_batch(batch, max_len, pad_id, device):

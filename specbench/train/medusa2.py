@@ -50,7 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from specbench.config import settings
-from specbench.artifacts import save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import MedusaHeads, medusa2_structure
 from specbench.methods.space import finetuned_copy, untie_lm_head

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.config import settings
-from specbench.artifacts import find_checkpoint
+from specbench.models.artifacts import find_checkpoint
 
 FIRST_USE: dict[str, Callable] = {}  # method name -> (cfg, target) -> [Part]
 

@@ -9,7 +9,7 @@ import os
 import torch
 
 from specbench.core.discover import import_submodules
-from specbench.train.data import load_sequences, sequences_hash
+from specbench.models.distill import load_sequences, sequences_hash
 from specbench.train.loop import DATA
 from specbench.train.parts import FIRST_USE
 from specbench.train.trainers import TRAINERS

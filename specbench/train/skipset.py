@@ -4,7 +4,7 @@ the other trained parts, so that first use finds it (specbench/train/parts.py)."
 
 from __future__ import annotations
 
-from specbench.artifacts import skip_result_path
+from specbench.models.artifacts import skip_result_path
 from specbench.methods.self_sd import model_key
 from specbench.config.settings import shipped
 from specbench.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.config import settings
-from specbench.artifacts import find_checkpoint, save_checkpoint
+from specbench.models.artifacts import find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
