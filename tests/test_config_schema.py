@@ -62,7 +62,7 @@ def test_choice_lists_equal_the_code_registries():
     from specbench.models import DTYPES, MODEL_LOADERS, tiny_llama_config
     from specbench.kernels.backends import BACKENDS
     from specbench.models.tokenizer import ByteTokenizer
-    from specbench.skipsearch import SEARCH_FILE
+    from specbench.tools.skipsearch import SEARCH_FILE
     from specbench.tasks import TASKS
 
     assert set(schema.CONTROLS) == set(CONTROLLERS)

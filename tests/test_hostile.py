@@ -31,7 +31,7 @@ class Case:
     id: str
     argv: list[str]
     expect: str                                  # a substring of the error line
-    entry: str = "specbench"                     # specbench | specbench.train | specbench.skipsearch
+    entry: str = "specbench"                     # specbench | specbench.train | specbench.tools.skipsearch
     setup: Callable[[Path], None] | None = None  # writes input files under tmp_path
     subprocess: bool = False
     before_run: bool = True                      # refused before the runner starts
@@ -177,8 +177,8 @@ CASES = [
     Case("preset_bad_seed", TINY + ["+experiment=repeats", "seed=-1"], "seed=-1"),
     Case("first_use_budget_negative", ["method=eesd", "model=tiny-llama", "train.first_use.train.max_minutes=-1"],
          "train.first_use.train.max_minutes=-1", entry="specbench.train"),
-    Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.skipsearch"),
-    Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.skipsearch"),
+    Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.tools.skipsearch"),
+    Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.tools.skipsearch"),
     # the real `python -m` path, once per entry point
     Case("subprocess_profile_context", ["profile.context=100000"], "profile.context=100000", subprocess=True),
     Case("subprocess_train_minutes", ["method=eesd", "model=tiny-llama", "train.max_minutes=-1.5"], "train.max_minutes=-1.5",
@@ -189,14 +189,14 @@ CASES = [
 def _in_process(case: Case, argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     if case.before_run:  # what each entry point does once its input is validated
         import specbench.runner
-        import specbench.skipsearch
+        import specbench.tools.skipsearch
         import specbench.train.__main__
 
         def refuse(*a, **k):
             raise AssertionError(f"{case.id}: validation let {case.argv} through")
         monkeypatch.setattr(specbench.runner, "run", refuse)
         monkeypatch.setattr(specbench.train.__main__, "train", refuse)
-        monkeypatch.setattr(specbench.skipsearch, "load_model", refuse)
+        monkeypatch.setattr(specbench.tools.skipsearch, "load_model", refuse)
     monkeypatch.setattr(sys, "argv", [case.entry, *argv])
     with pytest.raises(SystemExit) as e:
         if case.entry == "specbench":
@@ -206,7 +206,7 @@ def _in_process(case: Case, argv: list[str], capsys, monkeypatch) -> tuple[int, 
             from specbench.train.__main__ import main
             main(argv)
         else:
-            from specbench.skipsearch import cli
+            from specbench.tools.skipsearch import cli
             cli()
     return e.value.code, capsys.readouterr().err
 

@@ -1,6 +1,6 @@
 """Composing and validating the configuration, before anything is written to disk.
 
-Every entry point (`python -m specbench`, `specbench.train`, `specbench.skipsearch`) composes the
+Every entry point (`python -m specbench`, `specbench.train`, `specbench.tools.skipsearch`) composes the
 Hydra config through here and runs `validate` once over the result: a bad value is one line
 `specbench: error: ...` (exit 2) naming the key, the value and what is allowed. For multiruns and
 `+experiment` presets every combination of the sweep is composed and validated before the first
@@ -173,7 +173,7 @@ check_value = schema.check
 
 
 def check_values(values: dict, table: dict) -> None:
-    """Plain key -> value settings (specbench.skipsearch's own keys) against a schema table."""
+    """Plain key -> value settings (specbench.tools.skipsearch's own keys) against a schema table."""
     for key, value in values.items():
         if key not in table:
             raise SpecBenchError(f"unknown key {key!r}; allowed: {', '.join(sorted(table))}")

@@ -1,4 +1,4 @@
-"""The typed config schema: for every key a run, `specbench.train` and `specbench.skipsearch` read,
+"""The typed config schema: for every key a run, `specbench.train` and `specbench.tools.skipsearch` read,
 its type, range and whether null is allowed. Defaults are NOT here: conf/*.yaml is their one source
 (a test checks that every shipped key has an entry here and every entry here is shipped or marked
 optional). `config.validate` walks a composed config against these tables; a key without an entry
@@ -282,7 +282,7 @@ TRAIN = _TRAIN | {
     "first_use.train": Key("table", table=_TRAIN),  # merged over train.* (a subset of its keys)
     **{f"first_use.skip_search.{k}": v for k, v in SKIP_SEARCH.items() if k != "seed"},
 }
-# python -m specbench.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
+# python -m specbench.tools.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
 SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
 
 # ------------------------------------------------------------------------------ engine (by name), vLLM's methods

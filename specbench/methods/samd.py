@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 import torch
-from specbench.datastore import load_or_build
+from specbench.methods.datastore import load_or_build
 from specbench.engine.verify import Proposal
 from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import METHODS, SpeculativeMethod, register_method

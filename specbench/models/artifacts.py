@@ -342,7 +342,7 @@ def load_skip_result(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise SpecBenchError(f"skip-search result not found: {path}")
-    result = read_json(path, "skip-search result", "python -m specbench.skipsearch model=<name>")
+    result = read_json(path, "skip-search result", "python -m specbench.tools.skipsearch model=<name>")
     skip = result.get("skip") if isinstance(result, dict) else None
     if not isinstance(skip, dict) or not isinstance(skip.get("attn"), list) or not isinstance(skip.get("mlp"), list):
         raise SpecBenchError(f"skip-search result {path} has no skip.attn / skip.mlp lists")
