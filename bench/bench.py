@@ -138,7 +138,7 @@ def main() -> None:
 
     from specbench.config.compose import CONF_DIR
     from specbench.models import load_model
-    from specbench.runner import run
+    from specbench.run.runner import run
     from specbench.config.settings import of
 
     suite = SUITES[args.suite]

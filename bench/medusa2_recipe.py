@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.metrics.acceptance import position_rates
-from specbench.rundir import _record
-from specbench.summary import aggregate
+from specbench.run.rundir import _record
+from specbench.run.summary import aggregate
 from specbench.core.table import markdown
 
 

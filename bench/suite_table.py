@@ -47,9 +47,9 @@ def partial_summary(run_dir: Path) -> dict:
     runner's own aggregation over the samples it finished (nothing in them is partial: each line is
     one finished sample)."""
     from specbench.config.compose import compose
-    from specbench.interference import shared_cores
+    from specbench.run.interference import shared_cores
     from specbench.config.settings import merge, of
-    from specbench.summary import aggregate
+    from specbench.run.summary import aggregate
 
     records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     costs_file = run_dir / "forward_costs.json"

@@ -4,7 +4,7 @@ Measures, once per model and backend, what the cost model needs and whether the 
 quiet enough to benchmark, and saves it as JSON beside the checkpoint cache
 (`<cache dir>/calibration/<model key>-<device>-<dtype>.json`, the cache dir as in `specbench.models.artifacts`):
 
-  * T(k): the target's forward cost over k new tokens (specbench/profiling.py: repeats, median,
+  * T(k): the target's forward cost over k new tokens (specbench/run/profiling.py: repeats, median,
     monotonicity check with re-measurement, spread), at `profile.ks` / `profile.context`;
   * the draft cost per drafted token of `method` (its draft phase over a short greedy
     generation; methods that need an untrained-but-missing checkpoint are skipped with the
@@ -38,8 +38,8 @@ from specbench.engine.timer import PhaseTimer
 from specbench.core.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
-from specbench.profiling import profile_forward
-from specbench.runner import environment
+from specbench.run.profiling import profile_forward
+from specbench.run.runner import environment
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -34,7 +34,7 @@ def main() -> None:
 
                 run_vllm(cfg)
             else:
-                from specbench.runner import run
+                from specbench.run.runner import run
 
                 run(cfg)
         except Interrupted as e:  # the run dir was open: what it kept

@@ -17,7 +17,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from specbench.models.artifacts import _flatten, atomic_write, published_path, read_checkpoint
-from specbench.provenance import file_sha256
+from specbench.run.provenance import file_sha256
 
 
 def publish(src: Path, command: str) -> Path:

@@ -96,7 +96,7 @@ def test_dense_nodes_counts_a_cartesian_tree():
 def test_the_built_methods_widths_are_checked_before_the_run_dir(tmp_path, data_dir):
     """A tree given as a file has no size the config can see: the width the built method reports is
     refused against the loaded model's context, before the run directory exists."""
-    from specbench.runner import run
+    from specbench.run.runner import run
 
     paths = [[i] for i in range(200)] + [[i, j] for i in range(200) for j in range(20)]  # 4200 nodes, depth 2
     (tmp_path / "tree.json").write_text(json.dumps(paths))

@@ -61,7 +61,7 @@ def test_distill_source_ranks_the_self_distillation_data(monkeypatch):
 def test_the_distilled_data_a_ranking_read_joins_the_provenance(monkeypatch, tmp_path):
     """issue 42: a method's every input is in the run's identity; a draft vocabulary ranked from
     the self-distillation data names that file (or the journal of an unfinished generation)."""
-    from specbench.provenance import artifact_provenance, file_sha256
+    from specbench.run.provenance import artifact_provenance, file_sha256
     from specbench.models.distill import sequences_path
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))

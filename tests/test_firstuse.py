@@ -11,10 +11,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF
 from specbench.models import artifacts
-from specbench import firstuse
+from specbench.run import firstuse
 from specbench.core.errors import SpecBenchError
 from specbench.methods import METHODS as REGISTERED
 from specbench.models import load_model

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from helpers import CONF
 from specbench.core.errors import SpecBenchError
-from specbench.runner import run
+from specbench.run.runner import run
 
 SPECIAL = ["<s>", "</s>", "<pad>"]
 

@@ -188,13 +188,13 @@ CASES = [
 
 def _in_process(case: Case, argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     if case.before_run:  # what each entry point does once its input is validated
-        import specbench.runner
+        import specbench.run.runner
         import specbench.tools.skipsearch
         import specbench.train.__main__
 
         def refuse(*a, **k):
             raise AssertionError(f"{case.id}: validation let {case.argv} through")
-        monkeypatch.setattr(specbench.runner, "run", refuse)
+        monkeypatch.setattr(specbench.run.runner, "run", refuse)
         monkeypatch.setattr(specbench.train.__main__, "train", refuse)
         monkeypatch.setattr(specbench.tools.skipsearch, "load_model", refuse)
     monkeypatch.setattr(sys, "argv", [case.entry, *argv])

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench import runner
+from specbench.run import runner
 from specbench.models.artifacts import checkpoint_path, load_checkpoint
 from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import medusa2_structure

@@ -1,7 +1,7 @@
 """specbench.report: tables, plots, refusal to mix, repeats, Wilcoxon, experiment presets.
 
 Most tests synthesise run dirs (summary.json / samples.jsonl / config.json as the runner writes
-them); one builds two real tiny-llama runs through specbench.runner.run.
+them); one builds two real tiny-llama runs through specbench.run.runner.run.
 """
 
 from __future__ import annotations
@@ -287,11 +287,11 @@ def test_experiment_presets_compose(name):
 
 
 def test_real_runs_through_runner(tmp_path, data_dir, monkeypatch):
-    """Two tiny-llama runs built by specbench.runner.run, then the report on them."""
+    """Two tiny-llama runs built by specbench.run.runner.run, then the report on them."""
     import torch
     from hydra import compose, initialize_config_dir
 
-    from specbench.runner import run
+    from specbench.run.runner import run
 
     monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
     torch.set_num_threads(1)
@@ -352,7 +352,7 @@ def test_runs_on_two_cpu_models_are_two_systems(tmp_path):
 
 
 def test_environment_records_the_cpu_model():
-    from specbench.runner import cpu_model, environment
+    from specbench.run.runner import cpu_model, environment
 
     assert environment()["cpu_model"] == cpu_model() and cpu_model()
     if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():

@@ -23,7 +23,7 @@ from specbench.tools import datastore as datastore_cli
 from specbench.methods.datastore import Datastore, suffix_array
 from specbench.core.errors import SpecBenchError
 from specbench.methods.suffix import SuffixTrie
-from specbench.warmup import warm_up
+from specbench.run.warmup import warm_up
 
 CORPUS = str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")
 REPETITIVE = [40, 41, 42, 40, 41, 42, 40, 41, 7, 40, 41]

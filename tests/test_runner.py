@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF
 from specbench.core.errors import SpecBenchError
 

@@ -25,7 +25,7 @@ from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import training_pairs
 from specbench.methods.sam import CorpusIndex, SuffixAutomaton, choose
 from specbench.config.settings import merge
-from specbench.summary import source_split
+from specbench.run.summary import source_split
 
 CORPUS = str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")
 UNTRAINED = {"allow_untrained": True}
@@ -356,7 +356,7 @@ def test_first_use_trains_the_auxiliarys_part_with_its_settings(tmp_path, data_d
     trainer reads the auxiliary's settings, recorded in the checkpoint), then found."""
     from test_firstuse import cfg_for
 
-    from specbench import firstuse
+    from specbench.run import firstuse
     from specbench.models.artifacts import checkpoint_meta
     from specbench.models import load_model
     from specbench.config.settings import of

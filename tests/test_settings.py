@@ -129,8 +129,8 @@ NOT_CONFIG = {
     ("methods/eagle3_head.py", "draft_vocab_size"): "a released EAGLE-3 draft's config.json (absent: the full vocabulary)",
     ("models/artifacts.py", "n_layers"): "a checkpoint's structure, in the hint naming the training command",
     ("train/loop.py", "lora_dropout"): "a checkpoint's structure (SPACE's LoRA records no dropout)",
-    ("summary.py", "device"): "a run's recorded meta (runs recorded before it was kept)",
-    ("summary.py", "execution"): "a run's recorded meta (runs recorded before graphs mode existed)",
+    ("run/summary.py", "device"): "a run's recorded meta (runs recorded before it was kept)",
+    ("run/summary.py", "execution"): "a run's recorded meta (runs recorded before graphs mode existed)",
     ("tasks/sandbox_view.py", "path"): "the sandbox probe's reply (sys.path of the isolated interpreter)",
 }
 

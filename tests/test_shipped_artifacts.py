@@ -13,7 +13,7 @@ from specbench.models import artifacts
 from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
-from specbench.provenance import file_sha256
+from specbench.run.provenance import file_sha256
 from specbench.publish import publish
 from specbench.train.eagle3 import train_eagle3
 from specbench.train.parts import FIRST_USE
@@ -84,7 +84,7 @@ def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    import specbench.runner as runner
+    import specbench.run.runner as runner
     from tests.test_runner import make_cfg
 
     target, path = trained(tmp_path, monkeypatch)
@@ -125,7 +125,7 @@ def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_not
     """issue 44: `make run` (EESD + Cali-TS) from an empty cache with both parts published trains
     nothing; the Cali-TS part was looked for in the cache only, so a shipped predictor was retrained
     (and the exit layer with it)."""
-    from specbench.firstuse import missing_parts
+    from specbench.run.firstuse import missing_parts
     from specbench.train.__main__ import train
     from tests.test_eesd import _cfg
 

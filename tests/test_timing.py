@@ -124,7 +124,7 @@ def test_synced_now_cpu_needs_no_cuda():
 def test_coarse_run_end_to_end(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from specbench.runner import run
+    from specbench.run.runner import run
     from tests.helpers import CONF
 
     before = torch.is_grad_enabled()

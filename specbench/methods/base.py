@@ -92,7 +92,7 @@ class Method:
     def inputs(self) -> dict:
         """Files this method reads beyond its target's weights and the artifacts its describe()
         names (a corpus, a datastore): key -> path, or a list of paths. Their content hashes join the
-        run's provenance (specbench/provenance.py), so resuming after one changed is refused."""
+        run's provenance (specbench/run/provenance.py), so resuming after one changed is refused."""
         return {}
 
     def verify_widths(self) -> list[int]:

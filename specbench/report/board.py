@@ -293,7 +293,7 @@ def host_slug(name: str) -> str:
 
 
 def run_cell(row: str, task: str, extra: list[str], folder: Path = FOLDER, dry_run: bool = False) -> int:
-    from specbench.runner import cpu_model
+    from specbench.run.runner import cpu_model
 
     spec = load_spec(folder)
     r = spec.row(row)
@@ -306,7 +306,7 @@ def run_cell(row: str, task: str, extra: list[str], folder: Path = FOLDER, dry_r
 def add_run(src: Path, row: str, folder: Path = FOLDER) -> Path:
     """File a finished run as a cell: its config.json, its summary.json (given the per-sample pairs it lacks, from
     its samples.jsonl) and samples.jsonl (not committed); refused if it is not the row's current command."""
-    from specbench.summary import per_sample
+    from specbench.run.summary import per_sample
 
     spec = load_spec(folder)
     r = spec.row(row)
@@ -325,7 +325,7 @@ def add_run(src: Path, row: str, folder: Path = FOLDER) -> Path:
         raise SpecBenchError(f"{dest} exists: that cell is measured on this host (move it aside to replace it)")
     summary = dict(run.summary)
     if "per_sample" not in summary:
-        from specbench.rundir import read_finished
+        from specbench.run.rundir import read_finished
 
         records = read_finished(run.path, summary)[1]
         if len(records) != run.n_samples:

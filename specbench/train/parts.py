@@ -7,7 +7,7 @@ A trainer module declares the parts of the method(s) it trains next to its train
 registers `FIRST_USE["eagle"]`, a function `(cfg, target) -> [Part]` listing the parts that
 method would load (given the run's settings, specbench/config/settings.py) and where. specbench/train/session.py imports every module
 of this package (so trainers and their first-use parts are found, not listed), and
-specbench/firstuse.py trains the missing ones. This module imports nothing of specbench.train,
+specbench/run/firstuse.py trains the missing ones. This module imports nothing of specbench.train,
 so trainer modules can import it without a cycle.
 """
 

@@ -1,5 +1,5 @@
 """One training session with an already loaded target: self-distillation data, then a trainer.
-Used by `python -m specbench.train` and by training on first use (specbench/firstuse.py); the
+Used by `python -m specbench.train` and by training on first use (specbench/run/firstuse.py); the
 registries TRAINERS and FIRST_USE are complete once this module is imported."""
 
 from __future__ import annotations

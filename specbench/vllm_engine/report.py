@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specbench.core import table
 from specbench.core.errors import SpecBenchError
-from specbench.rundir import moved_aside, read_finished
+from specbench.run.rundir import moved_aside, read_finished
 
 
 def _summaries(dirs):

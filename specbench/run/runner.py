@@ -25,8 +25,8 @@ from specbench.core.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
 from specbench.core.errors import SpecBenchError
-from specbench.firstuse import ensure_trained
-from specbench.interference import StepHistory, measure_load, run_checked, shared_cores
+from specbench.run.firstuse import ensure_trained
+from specbench.run.interference import StepHistory, measure_load, run_checked, shared_cores
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
@@ -34,14 +34,14 @@ from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
 from specbench.kernels.backends import check_backend
 from specbench.models.graphs import precapture
-from specbench.profiling import profile_forward
-from specbench.provenance import run_provenance
+from specbench.run.profiling import profile_forward
+from specbench.run.provenance import run_provenance
 from specbench.config.identity import check_run_dir
-from specbench.rundir import RunDir
-from specbench.summary import _fmt, aggregate, print_summary
+from specbench.run.rundir import RunDir
+from specbench.run.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
-from specbench.warmup import warm_up
+from specbench.run.warmup import warm_up
 
 
 def cpu_model() -> str:

@@ -11,7 +11,7 @@ Layout: `config.json` (the fingerprint: the config minus the keys a resumption m
   specbench/config/identity.py with the fingerprint and `config_hash`): a directory of
   anything else (a model, a project) is refused before anything is written into it.
 - Identity: the fingerprint holds the config and the run's provenance (the weights' and trained
-  artifacts' hashes, specbench/provenance.py); a resumption against anything else is refused in
+  artifacts' hashes, specbench/run/provenance.py); a resumption against anything else is refused in
   one line naming what differs. The default run name carries `config_hash` (`${fingerprint:}` in
   conf/config.yaml), so different settings never share a default directory.
 - `overwrite=true` deletes nothing: the old contents move to `<run>.old-<timestamp>` (the report
@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.config.identity import LOCK, check_run_dir, fingerprint, io_error
 from specbench.core.errors import Interrupted, SpecBenchError
-from specbench.provenance import describe_change
+from specbench.run.provenance import describe_change
 
 OLD_MARK = ".old-"
 # what _move_aside names a run's old contents: <run>.old-YYYYmmdd-HHMMSS, -N when that was taken
@@ -108,7 +108,7 @@ def _pid(f) -> int | str:
 
 class RunDir:
     def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False, provenance: dict | None = None):
-        """`provenance`: the weights' and trained artifacts' identity (specbench.provenance), kept
+        """`provenance`: the weights' and trained artifacts' identity (specbench.run.provenance), kept
         in the fingerprint."""
         self.path = check_run_dir(path)
         self.samples_path = self.path / "samples.jsonl"

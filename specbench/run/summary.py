@@ -4,7 +4,7 @@ The headline speedup is pooled (ratio of summed tokens/s, the papers' way). Besi
 median per-sample speedup (a few spoiled samples cannot move it) and a bootstrap confidence
 interval of the pooled speedup over samples; a run whose CI is wider than `max_rel_width` of
 its speedup is flagged (`ci_wide`). The cost model's prediction is given twice: from the
-start-up profile and refitted from the run's own verify steps (specbench/profiling.py).
+start-up profile and refitted from the run's own verify steps (specbench/run/profiling.py).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import statistics
 
 from specbench.core import table
-from specbench.interference import foreign_share
+from specbench.run.interference import foreign_share
 from specbench.metrics import (StepStats, acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats,
                                predicted_speedup)
 from specbench.metrics.costmodel import interp_cost
-from specbench.profiling import refit_costs
+from specbench.run.profiling import refit_costs
 from specbench.core.stats import pooled_speedup_ci
 from specbench.core.table import Column
 

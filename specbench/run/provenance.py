@@ -1,6 +1,6 @@
 """What a run was made with beyond its config: the model's weights and every trained artifact.
 
-A run's fingerprint (config.json, specbench/rundir.py) holds `provenance`:
+A run's fingerprint (config.json, specbench/run/rundir.py) holds `provenance`:
   model:     the weights' identity. The embedded GGUF and a local Hugging Face directory: the
              SHA-256 of their files; a hub id: its snapshot's commit; the tiny random Llama: its
              seed and shape are in the config already, its key is recorded.
