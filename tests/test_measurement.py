@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 import specbench.engine.timer as timer_mod
 import specbench.run.runner as runner
 from helpers import CONF, run_settings, tiny_model
-from specbench.calibrate import main as calibrate_main
+from specbench.tools.calibrate import main as calibrate_main
 from specbench.run.interference import StepHistory, run_checked
 from specbench.models.adapter import ModelAdapter
 from specbench.run.profiling import profile_forward, refit_costs, suspects

@@ -1,4 +1,4 @@
-"""Published artifacts (specbench/published_artifacts, specbench/publish.py) and EAGLE-3's
+"""Published artifacts (specbench/published_artifacts, specbench/tools/publish.py) and EAGLE-3's
 lm_head=target: a draft whose head is the target's rows is saved without them and derived at
 load; a published float16 checkpoint is found when the cache holds none (and a local training
 wins over it), loads strictly, decodes losslessly; every shipped file matches its recorded sha256."""
@@ -14,7 +14,7 @@ from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
 from specbench.run.provenance import file_sha256
-from specbench.publish import publish
+from specbench.tools.publish import publish
 from specbench.train.eagle3 import train_eagle3
 from specbench.train.parts import FIRST_USE
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model, train_run

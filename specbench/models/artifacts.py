@@ -76,7 +76,7 @@ def read_json(path: Path, what: str, hint: str):
 
 # -- checkpoints --------------------------------------------------------------------------------
 # trained parts shipped with the package (float16, with their sha256 and the command that made them:
-# specbench/publish.py); found when the cache holds none, so a new user of the embedded model waits for nothing
+# specbench/tools/publish.py); found when the cache holds none, so a new user of the embedded model waits for nothing
 PUBLISHED = Path(__file__).resolve().parents[1] / "published_artifacts"
 
 

@@ -184,7 +184,7 @@ def _shared_lines(s: dict) -> list[str]:
     if not sc.get("shared"):
         return []
     return [f"warning: the run shared its cores ({'; '.join(sc['reasons'])}): its timings, speedup and CI "
-            "are not a quiet machine's; run again with the cores to itself (python -m specbench.calibrate checks)"]
+            "are not a quiet machine's; run again with the cores to itself (python -m specbench.tools.calibrate checks)"]
 
 
 def _measurement_lines(s: dict, meta: dict) -> list[str]:
@@ -211,7 +211,7 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
     lines += _shared_lines(s)
     if s.get("ci_wide"):
         lines.append(f"warning: the CI spans {100 * s['ci_rel_width']:.0f}% of the speedup: "
-                     "more samples or a quieter machine (python -m specbench.calibrate checks)")
+                     "more samples or a quieter machine (python -m specbench.tools.calibrate checks)")
     return lines
 
 

@@ -1,4 +1,4 @@
-"""python -m specbench.publish <checkpoint.safetensors> --command "<the command that trained it>"
+"""python -m specbench.tools.publish <checkpoint.safetensors> --command "<the command that trained it>"
 
 Copies a trained checkpoint from the cache into the package (specbench/published_artifacts/<model
 key>/<kind>/, artifacts.published_path), where `checkpoint: auto` finds it when the cache holds
@@ -34,7 +34,7 @@ def publish(src: Path, command: str) -> Path:
 
 
 def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specbench.publish")
+    ap = argparse.ArgumentParser(prog="python -m specbench.tools.publish")
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--command", required=True, help="the exact command that trained it")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""python -m specbench.calibrate [--repeats N] [--max-cv X] [model=<name>] [method=<name>] [profile.ks=[..]] ...
+"""python -m specbench.tools.calibrate [--repeats N] [--max-cv X] [model=<name>] [method=<name>] [profile.ks=[..]] ...
 
 Measures, once per model and backend, what the cost model needs and whether the machine is
 quiet enough to benchmark, and saves it as JSON beside the checkpoint cache
@@ -43,7 +43,7 @@ from specbench.run.runner import environment
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m specbench.calibrate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specbench.tools.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=7, help="timings of the fixed workload (>= 2)")
     p.add_argument("--workload", type=int, default=10, help="one-token forwards per timing (>= 1)")
     p.add_argument("--max-cv", type=float, default=0.05, help="coefficient of variation still called quiet")
