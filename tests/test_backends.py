@@ -15,9 +15,9 @@ from specbench.models import (
     BACKENDS,
     apply_backend,
     backend_of,
-    backends,
     truncated_copy,
 )
+from specbench.kernels import backends
 from specbench.kernels.backends import (
     BATCH_DEPENDENT,
     HYBRID_MIN_ROWS,

@@ -23,7 +23,7 @@ RUN_FILES = {"worker.log"}  # the worker's output (vLLM's log)
 
 
 def method_configs(conf_dir: Path) -> list[str]:
-    """vLLM's methods as config names (`vllm/<name>`), for the paper-control fallbacks of config.py."""
+    """vLLM's methods as config names (`vllm/<name>`), for the paper-control fallbacks of config/compose.py."""
     return [f"{VLLM_METHOD_DIR}/{p.stem}" for p in (conf_dir / "method" / VLLM_METHOD_DIR).glob("*.yaml")]
 
 

@@ -126,7 +126,7 @@ SEED = INT(0, SEED_MAX)
 PATH = STR(null=True)  # a file or directory; whether it exists is the loader's check
 AUTO_PATH = STR(null=True)  # "auto" or a path, or null
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")  # = specbench.models.DTYPES + auto (tests)
-BACKENDS = ("eager", "mkldnn", "hybrid", "ggml", "ggml_f32", "ggml_q8", "bf16", "qint8")  # = models.backends.BACKENDS
+BACKENDS = ("eager", "mkldnn", "hybrid", "ggml", "ggml_f32", "ggml_q8", "bf16", "qint8")  # = kernels.backends.BACKENDS
 COUNTS = ("consistent", "paper_output", "paper_subset")  # = control.beta_ts.COUNTS
 
 # ------------------------------------------------------------------------------ top level

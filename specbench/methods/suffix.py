@@ -150,7 +150,7 @@ SETTINGS = {"max_depth": (int, 1), "max_spec_tokens": (int, 1), "max_spec_factor
 class SuffixDecoding(SpeculativeMethod):
     name = "suffix"
     uses_controller = False  # the adaptive rule sets the tree's size
-    run_state = ("global_trie", "n_outputs")  # the runner's warm-up leaves them as they were (warmup.py)
+    run_state = ("global_trie", "n_outputs")  # the runner's warm-up leaves them as they were (run/warmup.py)
 
     def __init__(self, target, cfg, sampling, run):
         super().__init__(target, cfg, sampling, run)

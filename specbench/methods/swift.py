@@ -82,7 +82,7 @@ def prompt_snapshot(target, cache, n: int):
 @register_method
 class SWIFT(SpeculativeMethod):
     name = "swift"
-    run_state = ("search",)  # the runner's warm-up leaves the search as it was (warmup.py)
+    run_state = ("search",)  # the runner's warm-up leaves the search as it was (run/warmup.py)
 
     def __init__(self, target, cfg, sampling, run):
         super().__init__(target, cfg, sampling, run)

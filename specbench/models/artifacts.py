@@ -110,7 +110,7 @@ def _sha256(path: Path) -> str:
 
 def check_published(path: Path, hint: str) -> None:
     """A shipped artifact loads only with the bytes it shipped with: its sha256 (read afresh, not
-    from provenance's cache) must be the one in the manifest beside it (publish.py), else its
+    from provenance's cache) must be the one in the manifest beside it (tools/publish.py), else its
     metadata's training record would be printed for weights nobody trained that way."""
     path = Path(path).resolve()
     if not path.is_relative_to(PUBLISHED.resolve()):
