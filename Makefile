@@ -77,4 +77,4 @@ clean:
 # on a GPU: the device tests, the sync budget (fake and real, with sites), AR and seven methods on GSM8K
 # in eager and graphs mode side by side (docs/gpu.md); one report file, written section by section
 gpu-check:
-	$(PY) -m specbench.doctor --out results/doctor_gpu.md --samples 10 --tokens 128
+	$(PY) -m specbench.tools.doctor --out results/doctor_gpu.md --samples 10 --tokens 128

@@ -93,7 +93,7 @@ def main() -> None:
 
     from specbench.cli import CONF_DIR
     from specbench.models import load_model
-    from specbench.settings import of
+    from specbench.config.settings import of
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)

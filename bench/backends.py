@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 KS = list(range(1, 17))
 
@@ -72,7 +72,7 @@ def profile_table(target, k: int = 8, context: int = 200, rows: int = 12) -> str
 
 
 def method_cfg(args):
-    from specbench.settings import shipped
+    from specbench.config.settings import shipped
 
     if args.method == "vanilla_sd":  # an untrained 4-layer draft
         return shipped("method", "vanilla_sd", {"draft": {"num_layers": 4, "checkpoint": None}})
@@ -99,7 +99,7 @@ def main() -> None:
     from specbench.engine.sampling import SamplingConfig
     from specbench.methods import build_method
     from specbench.models import apply_backend, load_model
-    from specbench.settings import of, run_values, shipped
+    from specbench.config.settings import of, run_values, shipped
     from specbench.tasks import build_task
 
     torch.set_num_threads(args.threads)

@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 HYDRA_TREE = "[[0],[0,0],[1],[0,1],[2],[0,0,0],[1,0],[0,2],[3],[0,3],[4],[0,4],[2,0],[0,5],[0,0,1],[0,0,0,0]]"  # conf/method/hydra.yaml's
 
@@ -136,10 +136,10 @@ def main() -> None:
 
     from hydra import compose, initialize_config_dir
 
-    from specbench.config import CONF_DIR
+    from specbench.config.compose import CONF_DIR
     from specbench.models import load_model
-    from specbench.runner import run
-    from specbench.settings import of
+    from specbench.run.runner import run
+    from specbench.config.settings import of
 
     suite = SUITES[args.suite]
     out = Path(args.out)

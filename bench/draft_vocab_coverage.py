@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 
 def ar_tokens(run_dirs) -> list[int]:
@@ -49,8 +49,8 @@ def main() -> None:
     from embedded import embedded_model
     from ggml_kernel import median_ms
     from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
-    from specbench.settings import shipped
-    from specbench.train.data import build_sequences
+    from specbench.config.settings import shipped
+    from specbench.models.distill import build_sequences
 
     target = embedded_model(1, args.backend)
     train = shipped("train", "default")

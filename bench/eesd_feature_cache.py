@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from specbench.cachedir import cache_dir
-from specbench.config import compose
+from specbench.core.cachedir import cache_dir
+from specbench.config.compose import compose
 from specbench.models import load_model
-from specbench.settings import merge, of
+from specbench.config.settings import merge, of
 from specbench.train.session import train_model
 
 

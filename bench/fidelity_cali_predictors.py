@@ -16,9 +16,9 @@ from specbench.cli import CONF_DIR
 from specbench.control.cali_ts import CaliPredictor
 from specbench.methods.eesd import load_early_exit
 from specbench.models import load_model
-from specbench.settings import of
+from specbench.config.settings import of
 from specbench.train import loop, trainers
-from specbench.train.data import build_sequences
+from specbench.models.distill import build_sequences
 
 n_train, n_held, out_dir = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.config import compose  # noqa: E402
-from specbench.runner import aggregate  # noqa: E402
-from specbench.settings import of  # noqa: E402
+from specbench.config.compose import compose  # noqa: E402
+from specbench.run.runner import aggregate  # noqa: E402
+from specbench.config.settings import of  # noqa: E402
 
 print("| task | run | samples | speedup | v_d | r_d | HM | tau | =AR |")
 print("|---|---|---|---|---|---|---|---|---|")

@@ -16,9 +16,9 @@ from specbench.engine.tree import space_indices, space_layout
 from specbench.methods import build_method
 from specbench.methods.space import MASK
 from specbench.models import load_model
-from specbench.settings import of, run_values
+from specbench.config.settings import of, run_values
 from specbench.engine.sampling import SamplingConfig
-from specbench.train.data import build_sequences
+from specbench.models.distill import build_sequences
 
 n_prompts, n_new = int(sys.argv[1]), int(sys.argv[2])
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

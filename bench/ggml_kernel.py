@@ -30,7 +30,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.table import Column, markdown  # after the path is set
+from specbench.core.table import Column, markdown  # after the path is set
 
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -90,7 +90,7 @@ def main() -> None:
 
     from embedded import embedded_model
 
-    from specbench.models import ggml, ggml_q8
+    from specbench.kernels import ggml, ggml_q8
 
     target = embedded_model(args.threads)
     layers = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]

@@ -1,6 +1,6 @@
 """Eager and graphs side by side for any model: `python bench/gpu_regimes.py --model <name>`.
 
-The doctor's bench (specbench/regimes.py) without the rest of the report: AR and the chosen
+The doctor's bench (specbench/tools/regimes.py) without the rest of the report: AR and the chosen
 methods over the first N GSM8K questions in `model.execution=eager` and in `graphs`, each mode's
 speedups against AR in the same mode, tau, =AR, and AR's tokens/s against the device's bandwidth
 bound. `--model` is conf/model/<name> or a hub id / local path (model=hf). Prints the table."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench import doctor  # noqa: E402
+from specbench.tools import doctor  # noqa: E402
 
 
 def main() -> None:

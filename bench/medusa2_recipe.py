@@ -22,16 +22,16 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.metrics.acceptance import position_rates
-from specbench.rundir import _record
-from specbench.summary import aggregate
-from specbench.table import markdown
+from specbench.run.rundir import _record
+from specbench.run.summary import aggregate
+from specbench.core.table import markdown
 
 
 
 def default_ci():
     """conf/config.yaml's measure.ci (the runner's own, for a run stopped before its summary)."""
-    from specbench.config import compose
-    from specbench.settings import of
+    from specbench.config.compose import compose
+    from specbench.config.settings import of
 
     return of(compose([])).measure.ci
 

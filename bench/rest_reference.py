@@ -130,7 +130,7 @@ def main() -> None:
     from specbench.methods import build_method
     from specbench.models import load_model
     from specbench.engine.sampling import SamplingConfig
-    from specbench.settings import of, run_values
+    from specbench.config.settings import of, run_values
     from specbench.tasks import build_task
 
     run = Path(args.run)

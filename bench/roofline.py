@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specbench.models.ggml import compiler  # after the path is set
+from specbench.kernels.ggml import compiler  # after the path is set
 
 BANDWIDTH_C = r"""
 #include <stdio.h>

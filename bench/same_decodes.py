@@ -29,14 +29,14 @@ RUNS = [("eesd", ["method=eesd"]), ("eesd-beta_ts", ["method=eesd", "control=bet
 def dump(path: str, samples: int, max_new: int) -> None:
     import torch
 
-    from specbench.config import compose
+    from specbench.config.compose import compose
     from specbench.engine.sampling import SamplingConfig
     from specbench.methods import build_method
     from specbench.models import load_model
     from specbench.tasks import build_task
 
-    try:  # typed settings (specbench/settings.py); a revision from before them: the config nodes themselves
-        from specbench.settings import of, run_values
+    try:  # typed settings (specbench/config/settings.py); a revision from before them: the config nodes themselves
+        from specbench.config.settings import of, run_values
     except ImportError:
         of, run_values = None, None
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.table import markdown
+from specbench.core.table import markdown
 
 
 def _f(x, spec=".2f") -> str:
@@ -46,10 +46,10 @@ def partial_summary(run_dir: Path) -> dict:
     """A run stopped before its last sample (bench cells are time-boxed) has no summary.json: the
     runner's own aggregation over the samples it finished (nothing in them is partial: each line is
     one finished sample)."""
-    from specbench.config import compose
-    from specbench.interference import shared_cores
-    from specbench.settings import merge, of
-    from specbench.summary import aggregate
+    from specbench.config.compose import compose
+    from specbench.run.interference import shared_cores
+    from specbench.config.settings import merge, of
+    from specbench.run.summary import aggregate
 
     records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     costs_file = run_dir / "forward_costs.json"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from specbench.engine.sampling import SamplingConfig  # noqa: E402
 from specbench.methods import build_method  # noqa: E402
 from specbench.models import load_model  # noqa: E402
-from specbench.settings import RunValues, shipped  # noqa: E402
+from specbench.config.settings import RunValues, shipped  # noqa: E402
 
 # what differs from conf/method/<name>.yaml: an untrained one-layer draft
 METHODS = {"vanilla_sd": {"draft": {"num_layers": 1, "checkpoint": None}}}

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.artifacts import cache_dir, checkpoint_meta
+from specbench.models.artifacts import cache_dir, checkpoint_meta
 
 KINDS = ("eesd", "cali", "medusa", "medusa2", "space", "eagle")
 RUNS = {  # suite -> runs of trained methods worth the detailed table

@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.methods.pld import lookup as native_rule
-from specbench.settings import of
+from specbench.config.settings import of
 from specbench.tasks import build_task
 from specbench.vllm_engine.convert import load_tokenizer
 

@@ -10,7 +10,7 @@ def _fingerprint(*exclude: str, _root_) -> str:
     run_name, run_dir and the keys a resumption may change); `${fingerprint:seed}` leaves the
     named keys out too. Registered here, so every entry point that composes a config
     (`python -m specbench`, a Hydra launcher's job, the tests) can resolve the default run name."""
-    from specbench.rundir import config_hash
+    from specbench.config.identity import config_hash
 
     return config_hash(_root_, exclude)
 

@@ -7,10 +7,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from specbench.config import CONF_DIR, fail, precheck
-from specbench.errors import Interrupted, SpecBenchError
-from specbench.help import main_help, wants_help
-from specbench.vllm_engine.hooks import engine_argv
+from specbench.config.compose import CONF_DIR, fail, precheck
+from specbench.core.errors import Interrupted, SpecBenchError
+from specbench.config.help import main_help, wants_help
+from specbench.config.engines import engine_argv
 
 NOTHING_WRITTEN = "before this run wrote anything (runs a sweep finished are kept); run the same command to start again"
 
@@ -34,7 +34,7 @@ def main() -> None:
 
                 run_vllm(cfg)
             else:
-                from specbench.runner import run
+                from specbench.run.runner import run
 
                 run(cfg)
         except Interrupted as e:  # the run dir was open: what it kept

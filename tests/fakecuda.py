@@ -49,7 +49,7 @@ from transformers import LlamaForCausalLM
 from specbench.engine import transfer
 from specbench.models import ModelAdapter, tiny_llama_config
 from specbench.models.tokenizer import ByteTokenizer
-from specbench.settings import shipped
+from specbench.config.settings import shipped
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")

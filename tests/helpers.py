@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from specbench import schema, settings
-from specbench.config import compose
+from specbench.config import schema, settings
+from specbench.config.compose import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods import build_method
 from specbench.models import apply_backend, load_model

@@ -1,4 +1,4 @@
-"""model.backend: CPU linear-layer kernels (specbench/models/backends.py)."""
+"""model.backend: CPU linear-layer kernels (specbench/kernels/backends.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import torch
 from helpers import GREEDY, ar_tokens, build, control, method_cfg, run_cli, tiny_model
 from torch import nn
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import load_heads
 from specbench.models import (
     BACKENDS,
     apply_backend,
     backend_of,
-    backends,
     truncated_copy,
 )
-from specbench.models.backends import (
+from specbench.kernels import backends
+from specbench.kernels.backends import (
     BATCH_DEPENDENT,
     HYBRID_MIN_ROWS,
     BackendLinear,

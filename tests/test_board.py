@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 import specbench.methods  # noqa: F401 - registers the methods
-from specbench.config import compose
-from specbench.errors import SpecBenchError
+from specbench.config.compose import compose
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import METHODS
 from specbench.report import board, report
-from specbench.rundir import fingerprint
-from specbench.settings import of
-from specbench.summary import aggregate
+from specbench.config.identity import fingerprint
+from specbench.config.settings import of
+from specbench.run.summary import aggregate
 
 SPEC = {"model": "tiny-llama", "tasks": ["gsm8k", "xsum"],
         "overrides": ["task.num_samples=2", "max_new_tokens=8", "threads=1", "progress=false", "profile.ks=[1,2]",
@@ -44,7 +44,7 @@ def folder(tmp_path) -> Path:
 def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0), edit=None, lean=True,
               trained=None, artifact=None) -> Path:
     """A cell as the runner leaves it: config.json the fingerprint its command records, summary.json from
-    specbench.summary.aggregate over samples of 10 tokens (AR at 100 tokens/s), samples.jsonl unless `lean`."""
+    specbench.run.summary.aggregate over samples of 10 tokens (AR at 100 tokens/s), samples.jsonl unless `lean`."""
     spec = board.load_spec(folder)
     config = fingerprint(compose([*board.overrides(spec, spec.row(row), task), "run_dir=unused"]))
     config["provenance"] = {"model": {"sha256": "ab" * 32}, "artifacts": {}}
@@ -157,7 +157,7 @@ def test_add_files_a_finished_run_and_refuses_a_stale_one(folder, tmp_path):
 
 
 def test_cell_command_and_bad_input(folder, capsys, monkeypatch):
-    monkeypatch.setattr("specbench.runner.cpu_model", lambda: "Fancy CPU (R) 9")
+    monkeypatch.setattr("specbench.run.runner.cpu_model", lambda: "Fancy CPU (R) 9")
     assert board.run_cell("eagle3-3node", "gsm8k", ["overwrite=true"], folder, dry_run=True) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("python -m specbench model=tiny-llama method=eagle3 task=gsm8k task.num_samples=2")
@@ -174,7 +174,7 @@ def test_cell_command_and_bad_input(folder, capsys, monkeypatch):
 def test_a_cell_the_command_measures_is_current(folder, monkeypatch):
     """A real tiny run with the cell's own overrides (in process, as `cell` runs it) is read back as a current
     cell: what the command records and what the stale check expects agree."""
-    from specbench.runner import run
+    from specbench.run.runner import run
 
     spec = board.load_spec(folder)
     d = folder / "some-host" / "gsm8k" / "pld"

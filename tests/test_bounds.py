@@ -1,4 +1,4 @@
-"""Every size-like setting bounded by the model (specbench/bounds.py, issue 42): each integer key of every
+"""Every size-like setting bounded by the model (specbench/config/bounds.py, issue 42): each integer key of every
 method and controller is decided (bounded, or listed with why not), each bounded one set past its bound is
 one line naming it before anything loads, and the widths the built method reports are checked again
 before the run directory exists."""
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from specbench import bounds, schema
-from specbench.config import compose, validate
-from specbench.errors import SpecBenchError
+from specbench.config import bounds, schema
+from specbench.config.compose import compose, validate
+from specbench.core.errors import SpecBenchError
 
 HUGE = 10**9
 KINDS = {bounds.VOCAB, bounds.CONTEXT, bounds.WIDTH, bounds.MEMORY, bounds.LAYERS, "hidden (medusa2 with LoRA)",
@@ -27,7 +27,7 @@ def int_keys(table: dict) -> set[str]:
 def test_every_size_key_of_every_method_is_decided(method):
     decided = bounds.SIZES.get(method, {})
     missing = int_keys(schema.METHODS[method]) - set(decided)
-    assert not missing, f"{method}: bound these in specbench/bounds.py SIZES (or say there why not): {sorted(missing)}"
+    assert not missing, f"{method}: bound these in specbench/config/bounds.py SIZES (or say there why not): {sorted(missing)}"
     assert set(decided) <= set(schema.METHODS[method]), f"{method}: SIZES names keys the method does not have"
 
 
@@ -96,7 +96,7 @@ def test_dense_nodes_counts_a_cartesian_tree():
 def test_the_built_methods_widths_are_checked_before_the_run_dir(tmp_path, data_dir):
     """A tree given as a file has no size the config can see: the width the built method reports is
     refused against the loaded model's context, before the run directory exists."""
-    from specbench.runner import run
+    from specbench.run.runner import run
 
     paths = [[i] for i in range(200)] + [[i, j] for i in range(200) for j in range(20)]  # 4200 nodes, depth 2
     (tmp_path / "tree.json").write_text(json.dumps(paths))

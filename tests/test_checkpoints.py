@@ -15,13 +15,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench.artifacts import save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftRef
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import EagleHead
 from specbench.methods.eesd import EarlyExit
-from specbench.models import ggml, truncated_copy
+from specbench.kernels import ggml
+from specbench.models import truncated_copy
 from tests.helpers import build, controller, method_cfg, tiny_model
 
 SETTINGS = {"steps": 1, "train_sequences": 1}

@@ -1,4 +1,4 @@
-"""The typed schema (specbench/schema.py) against what ships: every key of conf/ has an entry,
+"""The typed schema (specbench/config/schema.py) against what ships: every key of conf/ has an entry,
 every entry is shipped (or marked optional), its choice lists equal the code's registries, every
 shipped group choice validates, and the model shape read without weights matches the loader's."""
 
@@ -8,9 +8,9 @@ import pytest
 import yaml
 from helpers import tiny_settings
 
-from specbench import modelinfo, schema
-from specbench.config import CONF_DIR, check_value, compose, validate
-from specbench.errors import SpecBenchError
+from specbench.config import modelinfo, schema
+from specbench.config.compose import CONF_DIR, check_value, compose, validate
+from specbench.core.errors import SpecBenchError
 
 GROUP_TABLES = {"method": schema.METHODS, "task": schema.TASKS, "control": schema.CONTROLS}
 
@@ -60,9 +60,9 @@ def test_choice_lists_equal_the_code_registries():
     from specbench.control.beta_ts import COUNTS
     from specbench.methods import METHODS
     from specbench.models import DTYPES, MODEL_LOADERS, tiny_llama_config
-    from specbench.models.backends import BACKENDS
+    from specbench.kernels.backends import BACKENDS
     from specbench.models.tokenizer import ByteTokenizer
-    from specbench.skipsearch import SEARCH_FILE
+    from specbench.tools.skipsearch import SEARCH_FILE
     from specbench.tasks import TASKS
 
     assert set(schema.CONTROLS) == set(CONTROLLERS)

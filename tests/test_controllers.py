@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from specbench.control import CONTROLLERS, DraftInfo, build_controller
 from specbench.control.cali_ts import CaliPredictor, CaliTS
-from specbench.errors import SpecBenchError
-from specbench.settings import group as settings_of
+from specbench.core.errors import SpecBenchError
+from specbench.config.settings import group as settings_of
 
 ADAPTIVE = ["beta_ts", "cali_ts", "adaptive_threshold"]
 

@@ -1,4 +1,4 @@
-"""On a real GPU only (marker `cuda`; skipped elsewhere, run by `python -m specbench.doctor`):
+"""On a real GPU only (marker `cuda`; skipped elsewhere, run by `python -m specbench.tools.doctor`):
 what fake CUDA tensors cannot show. Every method's greedy output equals AR's on the tiny model in
 float32 on the device, and SDPA's memory-efficient kernel accepts the verification call the
 adapter makes on CUDA (a boolean mask, grouped K/V with enable_gqa)."""
@@ -89,7 +89,7 @@ def test_the_gpus_sync_count_is_the_fake_counts_accounting(method, execution, tm
     from test_sync_budget import GREEDY, budget
 
     from specbench.models.graphs import precapture
-    from specbench.syncs import count_generation
+    from specbench.tools.syncs import count_generation
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     t = load_model(tiny_settings(dtype="float32", device="cuda", backend="eager"))

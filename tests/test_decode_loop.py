@@ -91,7 +91,7 @@ def test_cost_terms_add_up_to_the_inverse_speedup():
 def test_the_step_line_says_what_a_verify_step_costs_and_commits():
     """issue 44: the summary says why a drafter loses, per step: the drafts' cost (count x each),
     the verify forward's width and cost, and tau, all in AR steps (AR's time per token)."""
-    from specbench.summary import step_line
+    from specbench.run.summary import step_line
 
     terms = {"prefill": 0.1, "draft": 0.3, "verify": 0.9, "other": 0.1, "total": 1.4}
     acc = {"tau": 2.0, "steps": 10, "draft_tokens": 30}  # 3 drafts a step, 20 tokens

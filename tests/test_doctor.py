@@ -1,4 +1,4 @@
-"""python -m specbench.doctor on this CPU machine: it runs, says no GPU was found, reports the
+"""python -m specbench.tools.doctor on this CPU machine: it runs, says no GPU was found, reports the
 fake-CUDA sync counts (tests/test_sync_budget.py's, covered there) and, with --device cpu, a bench
 row for every method; bad input is one line and no file."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import REPO
-from specbench import doctor
+from specbench.tools import doctor
 from specbench.methods.base import METHODS
 
 
@@ -44,7 +44,7 @@ def test_budget_table_from_counts():
 
 def test_bad_device_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "r.md"
-    r = subprocess.run([sys.executable, "-m", "specbench.doctor", "--device", "tpu", "--out", str(out)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", "--device", "tpu", "--out", str(out)], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 2 and not out.exists()
     assert r.stderr.strip() == "specbench: error: unknown --device 'tpu'; allowed: cuda, cpu"

@@ -12,11 +12,11 @@ from helpers import ar_tokens, build, control, method_cfg, q4_tiny_model, run_va
 from test_every_method import method_config
 from test_lossless import E2E_PROMPT, E2E_SAMPLING, exact_marginal_pvalue, exact_next
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import draft_vocab
 from specbench.methods.draft_vocab import SubsetHead, rank_tokens, subset_ids
-from specbench.models import ggml
-from specbench.settings import merge
+from specbench.kernels import ggml
+from specbench.config.settings import merge
 
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]
 DRAFTING = ["eesd", "self_sd", "medusa"]
@@ -61,8 +61,8 @@ def test_distill_source_ranks_the_self_distillation_data(monkeypatch):
 def test_the_distilled_data_a_ranking_read_joins_the_provenance(monkeypatch, tmp_path):
     """issue 42: a method's every input is in the run's identity; a draft vocabulary ranked from
     the self-distillation data names that file (or the journal of an unfinished generation)."""
-    from specbench.provenance import artifact_provenance, file_sha256
-    from specbench.train.data import sequences_path
+    from specbench.run.provenance import artifact_provenance, file_sha256
+    from specbench.models.distill import sequences_path
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = tiny_model()

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.train.eagle import eagle_loss, soft_cross_entropy, train_eagle
 from specbench.train.trainers import TRAINERS

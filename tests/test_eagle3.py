@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import Eagle3Head, check_maps, tap_layers, vocab_maps
 from specbench.train.eagle3 import draft_vocabulary, eagle3_loss, train_eagle3, ttt_mask, ttt_unroll
 from specbench.train.trainers import TRAINERS

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 from helpers import CONF, GREEDY, build, control_settings, method_cfg, tiny_model
 
-from specbench.settings import of
+from specbench.config.settings import of
 
 CONTROLS = [
     {"name": "fixed", "k": 3, "k_max": 3},
@@ -130,7 +130,7 @@ def test_training_lowers_loss_and_checkpoint_reloads_identically(tmp_path, monke
         assert torch.equal(a, b)
 
     # a checkpoint trained for another structure is refused, not loaded
-    from specbench.artifacts import load_checkpoint
+    from specbench.models.artifacts import load_checkpoint
 
     path = next((tmp_path / "eesd").glob("*.safetensors"))
     with pytest.raises(SpecBenchError, match="was trained for"):

@@ -12,11 +12,11 @@ from helpers import CONF, ar_tokens, build, q4_tiny_model, tiny_model
 from omegaconf import OmegaConf
 
 import specbench.control  # noqa: F401 - registers the controllers
-from specbench import schema, settings
+from specbench.config import schema, settings
 import specbench.methods  # noqa: F401 - registers the methods
 from specbench.control import CONTROLLERS
 from specbench.methods.base import METHODS, SpeculativeMethod
-from specbench.models import ggml
+from specbench.kernels import ggml
 
 K_MAX = 4
 # what the tiny 4-layer model needs beyond conf/method/<name>.yaml (+ allow_untrained: true)

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
 from fakecuda import fake_cuda, fake_tiny_llama, on_cuda
 from helpers import build, control, controller_args, method_cfg
-from specbench.settings import merge
+from specbench.config.settings import merge
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftInfo
 from specbench.engine.sampling import (

@@ -13,7 +13,7 @@ from specbench.train import features
 from specbench.train.eagle import eagle_loss
 from specbench.train.eagle3 import eagle3_loss, feature_taps
 from specbench.train.hydra import hydra_loss
-from specbench.settings import merge
+from specbench.config.settings import merge
 from specbench.train.loop import pad_batch
 from specbench.train.medusa import medusa_loss
 from tests.helpers import tiny_model, train_settings

@@ -11,13 +11,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF
-from specbench import artifacts, firstuse
-from specbench.errors import SpecBenchError
+from specbench.models import artifacts
+from specbench.run import firstuse
+from specbench.core.errors import SpecBenchError
 from specbench.methods import METHODS as REGISTERED
 from specbench.models import load_model
-from specbench.settings import of
+from specbench.config.settings import of
 from specbench.train.session import FIRST_USE, TRAINERS
 
 # a tiny first-use budget: seconds on the tiny model
@@ -214,7 +215,7 @@ def test_a_method_without_a_paper_control_file_gets_the_fallback(tmp_path):
     """conf/control/paper/<method>.yaml is optional: without it `fixed`, and control= still wins."""
     import shutil
 
-    from specbench.config import PAPER_CONTROL_FALLBACK, register_paper_control_fallbacks
+    from specbench.config.compose import PAPER_CONTROL_FALLBACK, register_paper_control_fallbacks
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)

@@ -1,5 +1,5 @@
 """model.backend=ggml: weights recovered in ggml's block formats, a batch-invariant C kernel
-(specbench/models/ggml.py, ggml_kernels.c)."""
+(specbench/kernels/ggml.py, ggml_kernels.c)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 from helpers import GREEDY, ar_tokens, build, control, method_cfg, q4_tiny_model
 from torch import nn
 
-from specbench.models import apply_backend, ggml
-from specbench.models.backends import BackendLinear
+from specbench.models import apply_backend
+from specbench.kernels import ggml
+from specbench.kernels.backends import BackendLinear
 
 # only a missing compiler skips; a kernel that fails to build or load fails these tests
 pytestmark = pytest.mark.skipif(ggml.compiler() is None, reason="no C compiler (cc/gcc)")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from helpers import q4_tiny_model
 from test_ggml import assert_batch_invariant, gguf_weight
 
-from specbench.models import ggml, ggml_q8
+from specbench.kernels import ggml, ggml_q8
 from specbench.models.attention import _rows, invariant_attention
 
 pytestmark = pytest.mark.skipif(ggml.compiler() is None, reason="no C compiler (cc/gcc)")
@@ -189,7 +189,7 @@ def test_ggml_q8_layers_are_batch_invariant_past_the_prefill_size():
     from torch import nn
 
     from specbench.models import apply_backend
-    from specbench.models.backends import GGML_MAX_ROWS
+    from specbench.kernels.backends import GGML_MAX_ROWS
 
     lin = nn.Linear(64, 48, bias=False)
     with torch.no_grad():

@@ -23,7 +23,7 @@ from helpers import GREEDY, ar_tokens, build, tiny_model
 
 from specbench.engine.cache import StaticKVCache
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models.graphs import bucket, pad_mask
 
 SAMPLING = SamplingConfig(temperature=0.8, top_p=0.9)

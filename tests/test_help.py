@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from specbench.config import CONF_DIR, precheck
-from specbench.help import main_help, train_help
+from specbench.config.compose import CONF_DIR, precheck
+from specbench.config.help import main_help, train_help
 from tests.conftest import REPO
 
 

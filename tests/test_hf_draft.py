@@ -11,8 +11,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from helpers import CONF
-from specbench.errors import SpecBenchError
-from specbench.runner import run
+from specbench.core.errors import SpecBenchError
+from specbench.run.runner import run
 
 SPECIAL = ["<s>", "</s>", "<pad>"]
 

@@ -31,7 +31,7 @@ class Case:
     id: str
     argv: list[str]
     expect: str                                  # a substring of the error line
-    entry: str = "specbench"                     # specbench | specbench.train | specbench.skipsearch
+    entry: str = "specbench"                     # specbench | specbench.train | specbench.tools.skipsearch
     setup: Callable[[Path], None] | None = None  # writes input files under tmp_path
     subprocess: bool = False
     before_run: bool = True                      # refused before the runner starts
@@ -129,7 +129,7 @@ CASES = [
     Case("eagle3_two_layers", TINY + ["method=eagle3", "method.layers=[1,2]"], "three layer indices from 0 to 3"),
     Case("eagle3_draft_vocab_zero", TINY + ["method=eagle3", "method.draft_vocab_size=0"], "method.draft_vocab_size=0"),
     Case("draft_vocab_beyond_vocab", TINY + ["method=eesd", "method.draft_vocab.size=1000000"], "method.draft_vocab.size"),
-    # issue 42: sizes bounded by the model (specbench/bounds.py; every key: tests/test_bounds.py)
+    # issue 42: sizes bounded by the model (specbench/config/bounds.py; every key: tests/test_bounds.py)
     Case("lookahead_window_huge", TINY + ["method=lookahead", "method.window=100000"], "method.window=100000"),
     Case("rest_num_draft_huge_profiled", ["model=tiny-llama", "progress=false", "method=rest", "method.num_draft=1000000"],
          "method.num_draft=1000000"),
@@ -177,8 +177,8 @@ CASES = [
     Case("preset_bad_seed", TINY + ["+experiment=repeats", "seed=-1"], "seed=-1"),
     Case("first_use_budget_negative", ["method=eesd", "model=tiny-llama", "train.first_use.train.max_minutes=-1"],
          "train.first_use.train.max_minutes=-1", entry="specbench.train"),
-    Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.skipsearch"),
-    Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.skipsearch"),
+    Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.tools.skipsearch"),
+    Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.tools.skipsearch"),
     # the real `python -m` path, once per entry point
     Case("subprocess_profile_context", ["profile.context=100000"], "profile.context=100000", subprocess=True),
     Case("subprocess_train_minutes", ["method=eesd", "model=tiny-llama", "train.max_minutes=-1.5"], "train.max_minutes=-1.5",
@@ -188,15 +188,15 @@ CASES = [
 
 def _in_process(case: Case, argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     if case.before_run:  # what each entry point does once its input is validated
-        import specbench.runner
-        import specbench.skipsearch
+        import specbench.run.runner
+        import specbench.tools.skipsearch
         import specbench.train.__main__
 
         def refuse(*a, **k):
             raise AssertionError(f"{case.id}: validation let {case.argv} through")
-        monkeypatch.setattr(specbench.runner, "run", refuse)
+        monkeypatch.setattr(specbench.run.runner, "run", refuse)
         monkeypatch.setattr(specbench.train.__main__, "train", refuse)
-        monkeypatch.setattr(specbench.skipsearch, "load_model", refuse)
+        monkeypatch.setattr(specbench.tools.skipsearch, "load_model", refuse)
     monkeypatch.setattr(sys, "argv", [case.entry, *argv])
     with pytest.raises(SystemExit) as e:
         if case.entry == "specbench":
@@ -206,7 +206,7 @@ def _in_process(case: Case, argv: list[str], capsys, monkeypatch) -> tuple[int, 
             from specbench.train.__main__ import main
             main(argv)
         else:
-            from specbench.skipsearch import cli
+            from specbench.tools.skipsearch import cli
             cli()
     return e.value.code, capsys.readouterr().err
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from specbench.engine.cache import KVCache
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.hydra_heads import HydraHeads, teacher_forced_inputs
 from specbench.train.hydra import train_hydra  # noqa: F401 - registers the trainer
 from specbench.train.trainers import TRAINERS

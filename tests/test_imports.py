@@ -1,5 +1,6 @@
 """The package's import graph has no cycle, counting imports made inside functions (a cycle
-hidden in a function still couples the modules), and no module outgrows a screenful or two."""
+hidden in a function still couples the modules), neither between modules nor between the
+package's folders (docs/design.md, Layout), and no module outgrows a screenful or two."""
 
 import ast
 from pathlib import Path
@@ -42,7 +43,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def _discovered(node, name: str, modules: set[str]) -> set[str] | None:
-    """`import_submodules("pkg")` (specbench/discover.py) imports pkg's public modules: the same
+    """`import_submodules("pkg")` (specbench/core/discover.py) imports pkg's public modules: the same
     edges as writing each import, so a discovery that closes a cycle is caught too."""
     if not isinstance(node, ast.Call) or getattr(node.func, "id", getattr(node.func, "attr", None)) != "import_submodules":
         return None
@@ -88,6 +89,38 @@ def test_no_import_cycle():
     # a submodule importing its own package back (e.g. to trigger that registration) is a cycle
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def room(module: str) -> str:
+    """A module's folder under specbench/ (core, config, run, ...); a module directly in specbench/
+    (cli, __main__, the package itself) is a room of its own."""
+    parts = module.split(".")
+    return module if (PKG.parent / Path(*parts)).with_suffix(".py").is_file() and len(parts) <= 2 else ".".join(parts[:2])
+
+
+def folder_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for m, deps in g.items():
+        rooms.setdefault(room(m), set()).update(r for d in deps if (r := room(d)) != room(m))
+    return rooms
+
+
+def test_no_folder_cycle():
+    """The folders' arrows all point one way (core <- config <- kernels <- models <- ... <- tools):
+    a module importing one folder up (e.g. config reading run/) closes a circle between folders even
+    when no module-level cycle exists."""
+    g = graph()
+    cycle = find_cycle(folder_graph(g))
+    if cycle:
+        why = [f"{a} imports {b}" for x, y in zip(cycle, cycle[1:]) for a in sorted(g) if room(a) == x
+               for b in sorted(g[a]) if room(b) == y][:12]
+        raise AssertionError("folders import each other in a circle: " + " -> ".join(cycle) + "\n" + "\n".join(why))
+
+
+def test_rooms():
+    assert room("specbench") == "specbench" and room("specbench.cli") == "specbench.cli"
+    assert room("specbench.config") == room("specbench.config.compose") == "specbench.config"
+    assert room("specbench.report.board") == "specbench.report"
 
 
 def test_discovery_counts_as_imports():

@@ -116,7 +116,7 @@ controllers = st.one_of(
     st.builds(
         lambda g, a, r: ("adaptive_threshold", {"gamma": g, "alpha": a, "epsilon": 0.01, "beta1": 0.5, "beta2": 0.9, "reset_per_sequence": r}),
         st.floats(0.0, 1.0),
-        st.floats(0.0, 1.0, exclude_min=True),  # control.alpha: (0, 1] (specbench/schema.py)
+        st.floats(0.0, 1.0, exclude_min=True),  # control.alpha: (0, 1] (specbench/config/schema.py)
         st.booleans(),
     ),
     st.builds(

@@ -13,14 +13,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import specbench.engine.timer as timer_mod
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF, run_settings, tiny_model
-from specbench.calibrate import main as calibrate_main
-from specbench.interference import StepHistory, run_checked
+from specbench.tools.calibrate import main as calibrate_main
+from specbench.run.interference import StepHistory, run_checked
 from specbench.models.adapter import ModelAdapter
-from specbench.profiling import profile_forward, refit_costs, suspects
-from specbench.stats import pooled_speedup_ci
-from specbench.summary import aggregate
+from specbench.run.profiling import profile_forward, refit_costs, suspects
+from specbench.core.stats import pooled_speedup_ci
+from specbench.run.summary import aggregate
 
 N = 5
 STALLED_SAMPLE = 3  # the run's first samples are not judged (no history yet)

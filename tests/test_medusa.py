@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import specbench.train.medusa  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.train.trainers import TRAINERS
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model, train_run
 

@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench import runner
-from specbench.artifacts import checkpoint_path, load_checkpoint
-from specbench.errors import SpecBenchError
+from specbench.run import runner
+from specbench.models.artifacts import checkpoint_path, load_checkpoint
+from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import medusa2_structure
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.train import medusa2  # registers the Medusa-2 trainer

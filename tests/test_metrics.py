@@ -134,7 +134,7 @@ def test_v_d_per_drafted_token_for_trees():
 
 
 def test_summary_prints_both_position_rates_with_their_definitions():
-    from specbench.summary import acceptance_lines
+    from specbench.run.summary import acceptance_lines
 
     steps = [(3, 0, 0), (3, 1, 1), (3, 3, 3), (2, 2, 2)]
     s = {"acceptance": acceptance_metrics(steps, 1 + 1 + 2 + 4 + 3)} | position_stats(steps)

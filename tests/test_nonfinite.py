@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench import artifacts
-from specbench.errors import SpecBenchError
+from specbench.models import artifacts
+from specbench.core.errors import SpecBenchError
 from specbench.train import features
 from specbench.train import resume as resume_state
 from specbench.train.eagle import train_eagle

@@ -16,10 +16,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF, REPO, tiny_model
-from specbench.errors import SpecBenchError
-from specbench.provenance import file_sha256
+from specbench.core.errors import SpecBenchError
+from specbench.run.provenance import file_sha256
 from specbench.report import find_runs, report
 from test_report import make_run
 from test_runner import make_cfg
@@ -69,7 +69,7 @@ def test_the_train_group_names_only_runs_that_train():
 
 
 def test_a_run_recorded_with_another_train_group_resumes_unless_it_loaded_artifacts(tmp_path, data_dir):
-    from specbench.rundir import RunDir
+    from specbench.run.rundir import RunDir
 
     def recorded(method: str, train: dict | None, artifacts: dict) -> Path:
         run_dir = tmp_path / f"{method}-{len(list(tmp_path.iterdir()))}"
@@ -148,7 +148,7 @@ def test_a_sweep_gives_each_point_its_own_dir_and_reruns_resume(tmp_path, data_d
 
 # -- provenance --------------------------------------------------------------------------------------
 def test_file_hash_is_cached_by_path_size_mtime_and_inode(tmp_path):
-    from specbench.provenance import _cache_entry
+    from specbench.run.provenance import _cache_entry
 
     f = tmp_path / "w.bin"
     f.write_bytes(b"a" * 1000)
@@ -192,7 +192,7 @@ def test_new_weights_at_the_same_model_path_are_not_resumed_into(tmp_path):
 
 
 def _save_exit_layer(seed: int) -> Path:
-    from specbench.artifacts import save_checkpoint
+    from specbench.models.artifacts import save_checkpoint
     from specbench.methods.eesd import EarlyExit
 
     target = tiny_model()
@@ -243,7 +243,7 @@ def test_a_corpus_rewritten_in_place_is_not_resumed_into(tmp_path, data_dir):
 
 
 def test_every_declared_input_is_hashed(tmp_path):
-    from specbench.provenance import artifact_provenance
+    from specbench.run.provenance import artifact_provenance
 
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("a")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.self_sd import resolve_skip
 from specbench.models import LayerSkip
 from specbench.models.published import is_medusa_checkpoint

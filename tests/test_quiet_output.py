@@ -12,9 +12,9 @@ from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
 from helpers import run_cli
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import MODEL_LOADERS
-from specbench.settings import shipped
+from specbench.config.settings import shipped
 
 
 def test_gguf_loading_hides_transformers_progress_bars(tmp_path, monkeypatch, capsys):

@@ -14,10 +14,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from helpers import CONF, train_settings
-from specbench import artifacts
+from specbench.models import artifacts
 from specbench.models import load_model
-from specbench.settings import merge, of
-from specbench.train import data as data_mod
+from specbench.config.settings import merge, of
+from specbench.models import distill as data_mod
 from specbench.train import loop
 from specbench.train.session import train_model
 

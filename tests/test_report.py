@@ -1,7 +1,7 @@
 """specbench.report: tables, plots, refusal to mix, repeats, Wilcoxon, experiment presets.
 
 Most tests synthesise run dirs (summary.json / samples.jsonl / config.json as the runner writes
-them); one builds two real tiny-llama runs through specbench.runner.run.
+them); one builds two real tiny-llama runs through specbench.run.runner.run.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report import main as report_main
 from specbench.report import pool_repeats, find_runs, report
-from specbench.stats import pooled_speedup_ci
+from specbench.core.stats import pooled_speedup_ci
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -287,11 +287,11 @@ def test_experiment_presets_compose(name):
 
 
 def test_real_runs_through_runner(tmp_path, data_dir, monkeypatch):
-    """Two tiny-llama runs built by specbench.runner.run, then the report on them."""
+    """Two tiny-llama runs built by specbench.run.runner.run, then the report on them."""
     import torch
     from hydra import compose, initialize_config_dir
 
-    from specbench.runner import run
+    from specbench.run.runner import run
 
     monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
     torch.set_num_threads(1)
@@ -313,7 +313,7 @@ def test_real_runs_through_runner(tmp_path, data_dir, monkeypatch):
 
 def test_the_train_group_does_not_split_runs_of_a_method_that_trains_nothing(tmp_path):
     """Runs of PLD recorded under two first-use budgets (the `train` group) are one system, as
-    their run dirs are one identity (specbench.rundir.trains_on_first_use); the eleventh and
+    their run dirs are one identity (specbench.config.identity.trains_on_first_use); the eleventh and
     twelfth sessions' report labelled Token Recycling's rows by the budget."""
     root = tmp_path / "runs"
     for seed, n in enumerate((48, 32)):
@@ -352,7 +352,7 @@ def test_runs_on_two_cpu_models_are_two_systems(tmp_path):
 
 
 def test_environment_records_the_cpu_model():
-    from specbench.runner import cpu_model, environment
+    from specbench.run.runner import cpu_model, environment
 
     assert environment()["cpu_model"] == cpu_model() and cpu_model()
     if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():

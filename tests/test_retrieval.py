@@ -1,4 +1,4 @@
-"""REST and SuffixDecoding (methods/rest.py, methods/suffix.py, specbench/datastore.py): lossless under
+"""REST and SuffixDecoding (methods/rest.py, methods/suffix.py, methods/datastore.py): lossless under
 greedy (random prompts and settings) and sampling (exact marginals), and the invariants a plausible
 bug breaks: the suffix array's order, REST's trie = the counted prefixes of the datastore's
 continuations of the longest matching suffix, a speculation tree only spells what its trie saw, the
@@ -18,11 +18,12 @@ from test_lossless import SETTINGS, TARGETS, check_lossless, prompts
 from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
 from test_trainingfree import top5
 
-from specbench import datastore
-from specbench.datastore import Datastore, suffix_array
-from specbench.errors import SpecBenchError
+from specbench.methods import datastore
+from specbench.tools import datastore as datastore_cli
+from specbench.methods.datastore import Datastore, suffix_array
+from specbench.core.errors import SpecBenchError
 from specbench.methods.suffix import SuffixTrie
-from specbench.warmup import warm_up
+from specbench.run.warmup import warm_up
 
 CORPUS = str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")
 REPETITIVE = [40, 41, 42, 40, 41, 42, 40, 41, 7, 40, 41]
@@ -347,7 +348,7 @@ def test_global_trie_holds_exactly_the_methods_own_outputs_and_drafts_only_what_
     ("rest", {"min_suffix": 5, "max_suffix": 3}, "method.min_suffix=5 is above"),
     ("rest", {"cut": "heap"}, "unknown method.cut 'heap'; allowed: nodes, paths"),
     ("rest", {"corpus": ["/nonexistent.txt"]}, "'/nonexistent.txt' not found"), ("rest", {"corpus": []}, r"method.corpus=\[\] is not allowed; expected a non-empty list"),
-    ("rest", {"corpus": [CORPUS], "build_missing": False}, "python -m specbench.datastore"),
+    ("rest", {"corpus": [CORPUS], "build_missing": False}, "python -m specbench.tools.datastore"),
     ("suffix", {"max_depth": 0}, "method.max_depth=0"), ("suffix", {"min_token_prob": 2}, "method.min_token_prob=2"),
     ("suffix", {"spec": "dag"}, "unknown method.spec 'dag'; allowed: path, tree"),
     ("suffix", {"max_spec_factor": -1}, "method.max_spec_factor=-1"), ("suffix", {"max_spec_tokens": 1.5}, "method.max_spec_tokens=1.5"),
@@ -378,12 +379,12 @@ def test_datastore_is_cached_and_a_damaged_one_is_one_line(tmp_path, capsys):
     path.write_bytes(b"garbage")
     with pytest.raises(SpecBenchError, match=r"unreadable \(ValueError\); delete it"):
         datastore.load_or_build("tiny-llama", target.tokenizer, [CORPUS])
-    assert datastore.main(["--model", "nope", "--corpus", CORPUS]) == 2
+    assert datastore_cli.main(["--model", "nope", "--corpus", CORPUS]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["specbench: error: unknown model 'nope'; allowed: hf, smollm2-135m, tiny-llama"]
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_text('{"q": "a"}\n')
-    assert datastore.main(["--model", "tiny-llama", "--corpus", str(jsonl)]) == 2
-    assert datastore.main(["--model", "tiny-llama", "--corpus", f"{jsonl}:missing"]) == 2
+    assert datastore_cli.main(["--model", "tiny-llama", "--corpus", str(jsonl)]) == 2
+    assert datastore_cli.main(["--model", "tiny-llama", "--corpus", f"{jsonl}:missing"]) == 2
     assert "has no field 'missing'" in capsys.readouterr().err
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import REPO, start_cli, tiny_model
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report import find_runs
 from specbench.tasks.base import Sample
 from test_runner import NUM_SAMPLES, check_complete, make_cfg, records
@@ -22,7 +22,7 @@ HOLD = r"""
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
-from specbench.rundir import RunDir
+from specbench.run.rundir import RunDir
 RunDir(Path(sys.argv[1]), OmegaConf.create({"method": {"name": "holder"}}))
 print("locked", flush=True)
 time.sleep(120)
@@ -264,7 +264,7 @@ def test_report_refuses_a_run_in_progress_and_skips_moved_aside_runs(holder, cop
 def test_only_what_overwrite_moved_aside_is_skipped(copy, data_dir):
     """issue 42: a run named my.old-baseline was skipped as 'moved aside by overwrite'. What overwrite=true makes
     (<run>.old-<timestamp>, -N when taken) is skipped; a run whose name merely holds '.old-' is reported."""
-    from specbench.rundir import moved_aside
+    from specbench.run.rundir import moved_aside
 
     named = copy.rename(copy.parent / "my.old-baseline")
     assert [r.path for r in find_runs([named.parent])] == [named.resolve()]

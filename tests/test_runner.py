@@ -8,9 +8,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 NUM_SAMPLES = 4
 

@@ -21,11 +21,11 @@ from test_lossless import SETTINGS, TARGETS, check_lossless, prompts
 from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
 from test_retrieval import QA, REPETITIVE, own_corpus, sampleable_paths, store
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle_head import training_pairs
 from specbench.methods.sam import CorpusIndex, SuffixAutomaton, choose
-from specbench.settings import merge
-from specbench.summary import source_split
+from specbench.config.settings import merge
+from specbench.run.summary import source_split
 
 CORPUS = str(CONF.parent / "tests" / "data" / "retrieval_corpus.txt")
 UNTRAINED = {"allow_untrained": True}
@@ -356,10 +356,10 @@ def test_first_use_trains_the_auxiliarys_part_with_its_settings(tmp_path, data_d
     trainer reads the auxiliary's settings, recorded in the checkpoint), then found."""
     from test_firstuse import cfg_for
 
-    from specbench import firstuse
-    from specbench.artifacts import checkpoint_meta
+    from specbench.run import firstuse
+    from specbench.models.artifacts import checkpoint_meta
     from specbench.models import load_model
-    from specbench.settings import of
+    from specbench.config.settings import of
 
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
     cfg = cfg_for(tmp_path, data_dir, "method=samd")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks import sandbox, sandbox_view
 from specbench.tasks.base import Sample
 from specbench.tasks import humaneval

@@ -1,4 +1,4 @@
-"""Self-SD (method=self_sd) and its skip-set search (specbench/skipsearch.py)."""
+"""Self-SD (method=self_sd) and its skip-set search (specbench/train/skipsearch.py)."""
 
 import functools
 import json
@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbench.engine.sampling import SamplingConfig, probs
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.self_sd import heuristic_skip, resolve_skip
 from specbench.models import LayerSkip, load_model
-from specbench.skipsearch import load_result, result_path, save_result, search_skip_set
+from specbench.train.skipsearch import load_result, result_path, save_result, search_skip_set
 
 EOS = frozenset({1})
 NUM_LAYERS = 4
@@ -128,7 +128,7 @@ def test_bad_layer_index():
 
 
 def test_missing_search_result(tmp_path):
-    with pytest.raises(SpecBenchError, match="python -m specbench.skipsearch"):
+    with pytest.raises(SpecBenchError, match="python -m specbench.tools.skipsearch"):
         self_sd({"source": "search", "cache_dir": str(tmp_path)}, {"name": "fixed", "k": 3})
 
 
@@ -153,7 +153,7 @@ def test_search_writes_a_result_the_method_uses(tmp_path):
 
 
 def test_interrupted_search_keeps_its_finished_trials(tmp_path, monkeypatch):
-    import specbench.skipsearch as ss
+    import specbench.train.skipsearch as ss
 
     real, calls = ss.time_per_token, []
 

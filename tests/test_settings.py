@@ -1,4 +1,4 @@
-"""Typed settings (specbench/settings.py): every shipped config builds them, they are the schema's
+"""Typed settings (specbench/config/settings.py): every shipped config builds them, they are the schema's
 keys and nothing else, the run-dir names of a few commands are what they were before settings
 existed, and no module of the package reads a config key with a default of its own."""
 
@@ -12,10 +12,10 @@ import pytest
 import yaml
 from helpers import CONF, run_settings
 
-from specbench import schema, settings
-from specbench.config import compose
-from specbench.errors import SpecBenchError
-from specbench.vllm_engine.hooks import engine_argv
+from specbench.config import schema, settings
+from specbench.config.compose import compose
+from specbench.core.errors import SpecBenchError
+from specbench.config.engines import engine_argv
 
 PKG = Path(__file__).resolve().parents[1] / "specbench"
 
@@ -119,18 +119,18 @@ def test_the_tiny_models_key_did_not_change():
 #  2. `X.get("<a config key>", <default>)` under any name, a key being any leaf of a schema table,
 #     unless NOT_CONFIG lists that file and key (a dict that is not config and shares a key name);
 #  3. `getattr(X, "...", <default>)` and `OmegaConf.select(..., default=...)` on a config.
-# Exempt: config.py and schema.py (the validator reads composed nodes that may lack the key it is
+# Exempt: config/compose.py and config/schema.py (the validator reads composed nodes that may lack the key it is
 # about to report; the schema chooses a table by the node's name) and report/ (it reads the
 # config.json of recorded runs, where an older run may lack a later key: a record, not a config).
 CONFIG_NAME = r"cfg$|^(run|ctx|measure)$"  # settings objects have no .get at all: calling one fails anyway
-EXEMPT = ("config.py", "schema.py", "report/")
+EXEMPT = ("config/compose.py", "config/schema.py", "report/")
 NOT_CONFIG = {
     # file, key: what the dict is
     ("methods/eagle3_head.py", "draft_vocab_size"): "a released EAGLE-3 draft's config.json (absent: the full vocabulary)",
-    ("artifacts.py", "n_layers"): "a checkpoint's structure, in the hint naming the training command",
+    ("models/artifacts.py", "n_layers"): "a checkpoint's structure, in the hint naming the training command",
     ("train/loop.py", "lora_dropout"): "a checkpoint's structure (SPACE's LoRA records no dropout)",
-    ("summary.py", "device"): "a run's recorded meta (runs recorded before it was kept)",
-    ("summary.py", "execution"): "a run's recorded meta (runs recorded before graphs mode existed)",
+    ("run/summary.py", "device"): "a run's recorded meta (runs recorded before it was kept)",
+    ("run/summary.py", "execution"): "a run's recorded meta (runs recorded before graphs mode existed)",
     ("tasks/sandbox_view.py", "path"): "the sandbox probe's reply (sys.path of the isolated interpreter)",
 }
 

@@ -7,12 +7,12 @@ import os
 import pytest
 from hydra import compose, initialize_config_dir
 
-import specbench.runner as runner
+import specbench.run.runner as runner
 from helpers import CONF, run_settings
-import specbench.interference as interference
-from specbench.interference import foreign_cpu, measure_load, read_cpu_busy, shared_cores
+import specbench.run.interference as interference
+from specbench.run.interference import foreign_cpu, measure_load, read_cpu_busy, shared_cores
 from specbench.report import report
-from specbench.settings import merge
+from specbench.config.settings import merge
 
 
 def measure(**over):

@@ -1,4 +1,4 @@
-"""Published artifacts (specbench/published_artifacts, specbench/publish.py) and EAGLE-3's
+"""Published artifacts (specbench/published_artifacts, specbench/tools/publish.py) and EAGLE-3's
 lm_head=target: a draft whose head is the target's rows is saved without them and derived at
 load; a published float16 checkpoint is found when the cache holds none (and a local training
 wins over it), loads strictly, decodes losslessly; every shipped file matches its recorded sha256."""
@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import artifacts, settings
-from specbench.errors import SpecBenchError
+from specbench.models import artifacts
+from specbench.config import settings
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
-from specbench.provenance import file_sha256
-from specbench.publish import publish
+from specbench.run.provenance import file_sha256
+from specbench.tools.publish import publish
 from specbench.train.eagle3 import train_eagle3
 from specbench.train.parts import FIRST_USE
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model, train_run
@@ -83,7 +84,7 @@ def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    import specbench.runner as runner
+    import specbench.run.runner as runner
     from tests.test_runner import make_cfg
 
     target, path = trained(tmp_path, monkeypatch)
@@ -124,7 +125,7 @@ def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_not
     """issue 44: `make run` (EESD + Cali-TS) from an empty cache with both parts published trains
     nothing; the Cali-TS part was looked for in the cache only, so a shipped predictor was retrained
     (and the exit layer with it)."""
-    from specbench.firstuse import missing_parts
+    from specbench.run.firstuse import missing_parts
     from specbench.train.__main__ import train
     from tests.test_eesd import _cfg
 
@@ -151,7 +152,7 @@ def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
     controller) is never found by `checkpoint: auto`: dead weight, and `make run` would train."""
     import types
 
-    from specbench.config import compose
+    from specbench.config.compose import compose
     from specbench.train.session import FIRST_USE as every  # imports every trainer module: the registry is whole
 
     kind = path.parent.name

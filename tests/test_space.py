@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import specbench.train.space  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.space import MASK
 from specbench.train.space import sar_batch, sar_example, space_logits
 from specbench.train.loop import pad_batch

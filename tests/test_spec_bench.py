@@ -8,9 +8,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from helpers import CONF, task_settings
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report import report
-from specbench.runner import run
+from specbench.run.runner import run
 from specbench.tasks import build_task
 from specbench.tasks.spec_bench import COLUMNS
 

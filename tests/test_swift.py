@@ -19,13 +19,13 @@ from test_medusa import E2E_SAMPLING, check_sampling_matches_target
 from test_runner import make_cfg, records
 
 import specbench.methods.swift as swift_module
-from specbench import runner
+from specbench.run import runner
 from specbench.engine.tree import TokenTree
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import swift_search as S
 from specbench.methods.swift import candidate_count, dynamic_tree
 from specbench.models import LayerSkip
-from specbench.warmup import warm_up
+from specbench.run.warmup import warm_up
 
 PROMPTS = [[5, 17, 99, 3, 42, 8], [40, 41, 42, 40, 41, 42, 40, 41]]
 

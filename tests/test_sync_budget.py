@@ -31,7 +31,7 @@ sampling walk stops at the root there; the accepted + 1 rule is read from the co
 
 Cases come from the registries, as in tests/test_every_method.py, plus EESD with Cali-TS holding a
 trained-format predictor (the untrained case has none) and Medusa's typical acceptance.
-`SPECBENCH_SYNC_REPORT=path` writes the counts as JSON (python -m specbench.doctor reports them).
+`SPECBENCH_SYNC_REPORT=path` writes the counts as JSON (python -m specbench.tools.doctor reports them).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from helpers import build, controller_args
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.engine.sampling import SamplingConfig
 from specbench.methods.base import METHODS, SpeculativeMethod
-from specbench.settings import merge
+from specbench.config.settings import merge
 
 pytestmark = pytest.mark.fake_cuda
 

@@ -1,9 +1,9 @@
-"""specbench.table, the one renderer behind the report, the bench scripts and the run summary."""
+"""specbench.core.table, the one renderer behind the report, the bench scripts and the run summary."""
 
 import pytest
 
 from specbench.report.tables import LATEX, MARKDOWN, Table, render
-from specbench.table import Column, cell, latex, markdown, text
+from specbench.core.table import Column, cell, latex, markdown, text
 
 COLS = ["method", Column("tok/s", "tps", ".2f"), Column("note", align="<")]
 ROWS = [{"method": "pld", "tps": 123.456, "note": "a|b"}, ["vanilla_sd", None, "x"]]

@@ -5,8 +5,8 @@ import pytest
 
 from helpers import task_settings
 
-from specbench import settings
-from specbench.errors import SpecBenchError
+from specbench.config import settings
+from specbench.core.errors import SpecBenchError
 from specbench.tasks import TASKS, Sample, build_task
 from specbench.tasks.gsm8k import extract_number
 from specbench.tasks.humaneval import program_sources

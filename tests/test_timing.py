@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from specbench.engine import timer as timer_mod
 from specbench.engine.timer import PhaseTimer
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import base as base_mod
 from tests.helpers import build, control, method_cfg, tiny_model
 
@@ -124,7 +124,7 @@ def test_synced_now_cpu_needs_no_cuda():
 def test_coarse_run_end_to_end(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from specbench.runner import run
+    from specbench.run.runner import run
     from tests.helpers import CONF
 
     before = torch.is_grad_enabled()
@@ -145,7 +145,7 @@ def test_coarse_run_end_to_end(tmp_path):
 
 
 def test_fingerprint_keeps_old_run_dirs_resumable():
-    from specbench.rundir import fingerprint
+    from specbench.config.identity import fingerprint
 
     base = OmegaConf.create({"seed": 0, "method": {"name": "pld"}, "task": {"name": "gsm8k"}})
     assert fingerprint(OmegaConf.merge(base, {"timing": "fine"})) == fingerprint(base)  # recorded before `timing` existed

@@ -16,7 +16,7 @@ from test_medusa import E2E_PROMPT, E2E_SAMPLING, check_sampling_matches_target
 
 from specbench.engine.sampling import probs
 from specbench.engine.verify import verification_input
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.lookahead import pool_trie, window_layout
 
 REPETITIVE = [40, 41, 42, 40, 41, 42, 40, 41, 7, 40, 41]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbench import schema
-from specbench.config import CONF_DIR, compose, validate
-from specbench.vllm_engine.hooks import engine_argv
-from specbench.errors import SpecBenchError
-from specbench.rundir import config_hash
+from specbench.config import schema
+from specbench.config.compose import CONF_DIR, compose, validate
+from specbench.config.engines import engine_argv
+from specbench.core.errors import SpecBenchError
+from specbench.config.identity import config_hash
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_native_fingerprints_are_unchanged_by_the_engine_group():
 
 
 def test_speculative_config_maps_conf_names_to_vllms():
-    from specbench.settings import of
+    from specbench.config.settings import of
     from specbench.vllm_engine.settings import speculative_config
 
     plain = lambda c: of(c).method  # noqa: E731 - the method's settings
@@ -254,7 +254,7 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     s = run_vllm(cfg)
     first, second = _specs(fake_worker)
     assert first["batch_sizes"] == [1, 2, 4] and second["batch_sizes"] == [2, 4]  # resumed: only the missing ones
-    from specbench.settings import of
+    from specbench.config.settings import of
     from specbench.tasks import build_task
 
     tok = load_tokenizer(of(cfg).model)

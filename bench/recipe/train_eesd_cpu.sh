@@ -20,5 +20,5 @@ nice -n 19 $CMD
 [ "${PUBLISH:-0}" = 1 ] || exit 0
 for kind in eesd cali; do
   ck=$(ls -t "$CACHE/$kind"/smollm2-135m-*.safetensors | grep -v resume | head -1)
-  python -m specbench.publish "$ck" --command "$(echo $CMD)"
+  python -m specbench.tools.publish "$ck" --command "$(echo $CMD)"
 done

@@ -9,7 +9,7 @@
 # issue 44: Medusa ~2.7 MB, Hydra++ ~34 MB float16 with 4 heads; their own 49k-row heads made 230-260 MB).
 #   DEV=cuda bash bench/recipe/train_gpu.sh            # what was run (MODEL=the GGUF's path if not installed)
 # Each trainer's train.max_minutes is only a safety cap for the lent machine's time: a capped run says so in its
-# artifact's settings ("stopped_by"). Publish with PUBLISH=1 (float16 + sha256 + this command, specbench/publish.py).
+# artifact's settings ("stopped_by"). Publish with PUBLISH=1 (float16 + sha256 + this command, specbench/tools/publish.py).
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
@@ -26,12 +26,12 @@ step() {  # NAME CAP_MINUTES ARGS...: train, then publish at once (a later step 
   [ "${PUBLISH:-0}" = 1 ] || return 0
   local ck
   ck=$(ls -t "${SPECBENCH_CACHE_DIR:-$HOME/.cache/specbench}/$name"/*.safetensors | grep -v resume | head -1)
-  $PY -m specbench.publish "$ck" --command "python $*" && cp "${ck%.safetensors}.log.json" "${OUTDIR:-.}/$name.log.json"
+  $PY -m specbench.tools.publish "$ck" --command "python $*" && cp "${ck%.safetensors}.log.json" "${OUTDIR:-.}/$name.log.json"
 }
 step eagle3 ${CAP_EAGLE3:-4} -m specbench.train method=eagle3 method.ttt_steps=5 $DATA
 step eagle ${CAP_EAGLE:-2} -m specbench.train method=eagle $DATA
 step eesd ${CAP_EESD:-3} -m specbench.train method=eesd $DATA && [ "${PUBLISH:-0}" = 1 ] &&
-  $PY -m specbench.publish "$(ls -t "${SPECBENCH_CACHE_DIR:-$HOME/.cache/specbench}"/cali/*.safetensors | head -1)" \
+  $PY -m specbench.tools.publish "$(ls -t "${SPECBENCH_CACHE_DIR:-$HOME/.cache/specbench}"/cali/*.safetensors | head -1)" \
     --command "python -m specbench.train method=eesd $(echo $DATA)"
 step medusa ${CAP_MEDUSA:-2} -m specbench.train method=medusa $DATA
 step hydra ${CAP_HYDRA:-3} -m specbench.train method=hydra $DATA

@@ -1,10 +1,10 @@
 """Draft-length controllers; importing this package registers the built-in ones in `CONTROLLERS`
 (`build_controller` lives here, not in base.py, so no module imports the package from inside it)."""
 
-from specbench import settings
+from specbench.config import settings
 from specbench.control import beta_ts, cali_ts, fixed, threshold  # noqa: F401 - registration
 from specbench.control.base import CONTROLLERS, Controller, DraftInfo, DraftRef
-from specbench.errors import choice_error
+from specbench.core.errors import choice_error
 
 __all__ = ["CONTROLLERS", "Controller", "DraftInfo", "DraftRef", "build_controller"]
 

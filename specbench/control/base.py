@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 
 @dataclass

@@ -6,7 +6,7 @@ import torch
 from scipy.special import betaincinv
 
 from specbench.control.base import Controller, DraftInfo, check_round, register_controller
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 
 
 def bernoulli(rng: torch.Generator, p: float) -> bool:

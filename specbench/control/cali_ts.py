@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import check_state, load_checkpoint
+from specbench.models.artifacts import check_state, load_checkpoint
 from specbench.control.base import Controller, DraftInfo, DraftRef, check_round, register_controller
 from specbench.control.beta_ts import COUNTS, bernoulli, round_counts
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 
 
 RETRAIN = "re-create it with `python -m specbench.train method=eesd`"

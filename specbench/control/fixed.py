@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specbench.control.base import Controller, DraftInfo, register_controller
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 
 @register_controller

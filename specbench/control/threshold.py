@@ -7,7 +7,7 @@ Appendix K Algorithms 3/4) so that the acceptance rate tracks a target alpha.
 from __future__ import annotations
 
 from specbench.control.base import Controller, DraftInfo, check_round, register_controller
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 
 @register_controller

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specbench.errors import choice_error
+from specbench.core.errors import choice_error
 
 PHASES = ("prefill", "draft", "verify", "control")
 MODES = ("fine", "coarse")

@@ -22,7 +22,7 @@ import torch
 from specbench.engine.sampling import SamplingConfig, verify_sampling
 from specbench.engine.transfer import upload
 from specbench.engine.tree import TokenTree, verify_tree_sampling, verify_tree_typical
-from specbench.errors import choice_error
+from specbench.core.errors import choice_error
 
 ACCEPTANCE = ("auto", "typical")
 

@@ -25,11 +25,11 @@ from specbench.engine.timer import PhaseTimer
 from specbench.engine.transfer import take, upload
 from specbench.engine.tree import verify_tree_greedy_device
 from specbench.engine.verify import Proposal, Verifier, verification_input
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.metrics.steps import StepStats
 from specbench.models import ModelAdapter
 from specbench.models.graphs import CAPTURES
-from specbench.settings import RunValues
+from specbench.config.settings import RunValues
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Method:
         return "base" if self.finetuned_adapter is None else "fine-tuned"
 
     def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, run: RunValues):
-        """`cfg`: the method's own settings (specbench/settings.py); `run`: the few run-level
+        """`cfg`: the method's own settings (specbench/config/settings.py); `run`: the few run-level
         values a method reads (timing, its controller's settings, the data dir, ...)."""
         self.target = target
         self.cfg = cfg
@@ -92,7 +92,7 @@ class Method:
     def inputs(self) -> dict:
         """Files this method reads beyond its target's weights and the artifacts its describe()
         names (a corpus, a datastore): key -> path, or a list of paths. Their content hashes join the
-        run's provenance (specbench/provenance.py), so resuming after one changed is refused."""
+        run's provenance (specbench/run/provenance.py), so resuming after one changed is refused."""
         return {}
 
     def verify_widths(self) -> list[int]:

@@ -18,7 +18,7 @@ same token; confidence-based controllers see the maximum of the softmax over the
 can only be higher than over the full vocabulary.
 
 Ranking source (`draft_vocab.source`): `distill`, the loss tokens of the self-distillation data
-the trained parts learn from (specbench/train/data.py; the run's `train.data` settings, reused
+the trained parts learn from (specbench/models/distill.py; the run's `train.data` settings, reused
 from the cache or generated as training would), or a JSON file holding a list of token ids, most
 frequent first. Ties are broken by token id; tokens never seen follow by id; EOS ids are always
 kept (a draft that cannot propose the end of a reply loses the last step of every answer).
@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter, apply_backend, backend_of
-from specbench.settings import RunValues
-from specbench.train.data import build_sequences, sequences_path
+from specbench.config.settings import RunValues
+from specbench.models.distill import build_sequences, sequences_path
 
 
 def rank_tokens(sequences, vocab_size: int) -> list[int]:

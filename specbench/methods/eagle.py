@@ -44,7 +44,7 @@ import torch
 from specbench.engine.transfer import take
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.eagle_head import load_eagle
 from specbench.methods.eagle_tree import GrownTree, device_tree, grow_tree, read_tree, select_nodes, topk_children

@@ -20,7 +20,7 @@ The draft's KV cache holds committed pairs only; tree entries are dropped after 
 from __future__ import annotations
 
 from specbench.engine.transfer import take
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import register_method
 from specbench.methods.eagle import Eagle
 from specbench.methods.eagle3_head import load_eagle3

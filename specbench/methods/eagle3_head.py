@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, check_state, expected_state, load_checkpoint, read_json_object, read_weights_file
-from specbench.errors import SpecBenchError
+from specbench.models.artifacts import apply_checkpoint, check_state, expected_state, load_checkpoint, read_json_object, read_weights_file
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.models.adapter import cache_kwarg
 

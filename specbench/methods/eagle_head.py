@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
-from specbench.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
 
 TRAIN_CMD = "python -m specbench.train method=eagle model={model}"
 EAGLE_LAYOUT = ("expected the EAGLE authors' layout: config.json (hidden_size, num_hidden_layers 1) and model.safetensors "

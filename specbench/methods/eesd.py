@@ -25,10 +25,10 @@ import copy
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, load_checkpoint
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint
 from specbench.control import DraftRef
 from specbench.engine.cache import KVCache
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.models import ModelAdapter

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specbench.engine.timer import PhaseTimer
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import Generation, Method, register_method
 from specbench.methods.vanilla_sd import build_draft
 

@@ -31,7 +31,7 @@ import torch
 from specbench.engine.transfer import take
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import DeviceTree, Proposal
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.hydra_heads import load_heads
 from specbench.methods.medusa import paths_tree

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint, read_json_object, read_weights_file
 from specbench.engine.cache import KVCache
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models import ModelAdapter
 
 VARIANTS = ("hydra_pp", "hydra")  # hydra_pp: prefix layer, 4-layer MLPs, teacher distillation | hydra: 1-layer, CE

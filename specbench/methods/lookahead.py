@@ -42,7 +42,7 @@ import torch
 
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Layout, Proposal
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbench.artifacts import apply_checkpoint, load_checkpoint
+from specbench.models.artifacts import apply_checkpoint, load_checkpoint
 from specbench.engine.tree import TokenTree
 from specbench.engine.transfer import upload
 from specbench.engine.verify import ACCEPTANCE, DeviceTree, Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.methods.space import load_finetuned

@@ -1,6 +1,6 @@
 """REST: retrieval-based speculative decoding (He et al., NAACL 2024; github.com/FasterDecoding/REST).
 
-A datastore (specbench/datastore.py: a corpus in the target's tokens and its suffix array) stands
+A datastore (specbench/methods/datastore.py: a corpus in the target's tokens and its suffix array) stands
 in for the draft model. Each step:
 1. the longest suffix of the context, pending token included, of at most `max_suffix` and at
    least `min_suffix` tokens that occurs in the datastore (the authors' `token_spans` = 16..2);
@@ -29,9 +29,9 @@ import os
 
 import numpy as np
 
-from specbench.datastore import load_or_build, parse_spec
+from specbench.methods.datastore import load_or_build, parse_spec
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.retrieval import cut_paths, prefix_counts, token_tree, top_nodes
 

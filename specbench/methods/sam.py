@@ -9,7 +9,7 @@ by one transition per token before that token is added). A lookup moves it once 
 token. The draft is what followed the state's *first* occurrence (`min_endpos`), after stepping to
 shorter suffixes (suffix links) while fewer than `n_predicts` tokens follow it (the authors' `to_anc`).
 
-Static: the corpus is the REST datastore's (specbench/datastore.py: the target's tokens, no separator
+Static: the corpus is the REST datastore's (specbench/methods/datastore.py: the target's tokens, no separator
 between entries) and its suffix array answers what the authors' static automaton does: the longest
 suffix of the context (pending token included) found in the corpus, and the continuation of that
 suffix's first occurrence. The length is binary-searched, bounded by the last match plus the tokens

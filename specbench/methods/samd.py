@@ -27,14 +27,14 @@ from __future__ import annotations
 import os
 
 import torch
-from specbench.datastore import load_or_build
+from specbench.methods.datastore import load_or_build
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import METHODS, SpeculativeMethod, register_method
 from specbench.methods.eagle import Eagle
 from specbench.methods.sam import AUX, DYNAMIC, CorpusIndex, SuffixAutomaton, choose
 from specbench.methods.token_recycling import TokenRecycling
-from specbench.settings import shipped
+from specbench.config.settings import shipped
 
 # drafters whose state SYNC keeps right when another source proposed (= schema.SAMD_AUX); not:
 # ar (no draft), hf_assisted (its own loop), eesd (verification reuses its draft's cache entries),

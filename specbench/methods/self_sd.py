@@ -22,7 +22,7 @@ own entries for earlier draft tokens of the same round (the paper's shared-cache
 Skip set (`method.skip`):
 
 * `source: explicit`: the lists `skip.attn` and `skip.mlp` (0-based layer indices);
-* `source: search`: the result of `python -m specbench.skipsearch` (Bayesian optimisation, paper
+* `source: search`: the result of `python -m specbench.tools.skipsearch` (Bayesian optimisation, paper
   section 3.3) stored at `<cache_dir>/<model key>.json` (or `skip.path`);
 * `source: heuristic`: a fixed rule for when no search was run (see `heuristic_skip`);
 * `source: auto` (default): explicit when either list is non-empty, else the searched set when a search
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from specbench.artifacts import load_skip_result, safe_key, skip_result_path
-from specbench.errors import SpecBenchError
+from specbench.models.artifacts import load_skip_result, safe_key, skip_result_path
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset
 from specbench.models import LayerSkip, ModelAdapter, published
@@ -118,7 +118,7 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
         if not path.is_file():
             raise SpecBenchError(
                 f"skip.source=search but no search result for model {target.name!r} (key {model_key(target)!r}) at {path}; run "
-                f"`python -m specbench.skipsearch model=<this model> iterations=50` first "
+                f"`python -m specbench.tools.skipsearch model=<this model> iterations=50` first "
                 "(or use skip.source=heuristic / skip.source=explicit with skip.attn=[..] skip.mlp=[..])"
             )
         result = load_skip_result(path)

@@ -34,12 +34,12 @@ import json
 import torch
 from torch import nn
 
-from specbench.artifacts import check_state, expected_state, load_checkpoint, trained_summary
+from specbench.models.artifacts import check_state, expected_state, load_checkpoint, trained_summary
 from specbench.engine.sampling import probs, sample
 from specbench.engine.transfer import take, upload
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
 from specbench.engine.verify import Layout, Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter
 

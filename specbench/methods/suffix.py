@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.retrieval import token_tree
 
@@ -150,7 +150,7 @@ SETTINGS = {"max_depth": (int, 1), "max_spec_tokens": (int, 1), "max_spec_factor
 class SuffixDecoding(SpeculativeMethod):
     name = "suffix"
     uses_controller = False  # the adaptive rule sets the tree's size
-    run_state = ("global_trie", "n_outputs")  # the runner's warm-up leaves them as they were (warmup.py)
+    run_state = ("global_trie", "n_outputs")  # the runner's warm-up leaves them as they were (run/warmup.py)
 
     def __init__(self, target, cfg, sampling, run):
         super().__init__(target, cfg, sampling, run)

@@ -37,7 +37,7 @@ import torch
 from specbench.engine.sampling import probs, sample
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.self_sd import skipped_draft
 from specbench.methods.swift_search import (
@@ -82,7 +82,7 @@ def prompt_snapshot(target, cache, n: int):
 @register_method
 class SWIFT(SpeculativeMethod):
     name = "swift"
-    run_state = ("search",)  # the runner's warm-up leaves the search as it was (warmup.py)
+    run_state = ("search",)  # the runner's warm-up leaves the search as it was (run/warmup.py)
 
     def __init__(self, target, cfg, sampling, run):
         super().__init__(target, cfg, sampling, run)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import cho_solve, solve_triangular
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.models import LayerSkip
 
 KAPPA = 2.5  # the authors' UtilityFunction(kind="ucb", kappa=2.5)

@@ -27,7 +27,7 @@ import torch
 
 from specbench.engine.tree import TokenTree
 from specbench.engine.verify import Proposal
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 
 # the authors' template "2.2.2" (model/recycling/tree_template_.py): 8 + 21 + 25 + 15 + 8 + 3 nodes

@@ -10,11 +10,11 @@ text, and a trained checkpoint is picked up automatically (`draft.checkpoint: au
 
 from __future__ import annotations
 
-from specbench.artifacts import load_draft_checkpoint, trained_summary
-from specbench.errors import SpecBenchError
+from specbench.models.artifacts import load_draft_checkpoint, trained_summary
+from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.models import ModelAdapter, load_hf, truncated_copy
-from specbench.settings import shipped
+from specbench.config.settings import shipped
 
 
 def draft_num_layers(cfg, target: ModelAdapter) -> int:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from specbench import settings
-from specbench.errors import SpecBenchError, choice_error
+from specbench.config import settings
+from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models.adapter import LayerSkip, ModelAdapter
-from specbench.models.backends import BACKENDS, apply_backend, backend_of, check_backend
+from specbench.kernels.backends import BACKENDS, apply_backend, backend_of, check_backend
 from specbench.models.tokenizer import ByteTokenizer, ChatTokenizer
 
 __all__ = ["LayerSkip", "ModelAdapter", "load_model", "truncated_copy", "MODEL_LOADERS", "BACKENDS", "apply_backend", "backend_of"]
@@ -185,7 +185,7 @@ MODEL_LOADERS = {"gguf": load_gguf, "hf": load_hf, "tiny": load_tiny}
 
 
 def load_model(cfg) -> ModelAdapter:
-    """`cfg`: the model's settings (specbench/settings.py)."""
+    """`cfg`: the model's settings (specbench/config/settings.py)."""
     settings.expect(cfg, "load_model")
     if cfg.loader not in MODEL_LOADERS:
         raise choice_error("model loader", cfg.loader, MODEL_LOADERS)

@@ -19,7 +19,7 @@ from torch import nn
 
 from specbench.engine.cache import KVCache, StaticKVCache
 from specbench.engine.transfer import upload
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 
 @dataclass

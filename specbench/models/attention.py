@@ -33,8 +33,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from specbench.models import ggml
-from specbench.models.backends import INVARIANT
+from specbench.kernels import ggml
+from specbench.kernels.backends import INVARIANT
 
 GROUPED_SDPA = "specbench_sdpa"
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.artifacts import check_state, read_json_object, read_weights_file
-from specbench.errors import SpecBenchError
+from specbench.models.artifacts import check_state, read_json_object, read_weights_file
+from specbench.core.errors import SpecBenchError
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 MEDUSA_LAYOUT = (

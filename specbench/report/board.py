@@ -31,9 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report.load import UNRECORDED, Run, _flatten, _is_neutral, find_runs
-from specbench.table import Column, markdown
+from specbench.core.table import Column, markdown
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDER = REPO / "results" / "leaderboard"
@@ -92,7 +92,7 @@ def overrides(spec: Spec, row: Row, task: str) -> list[str]:
     """What `python -m specbench` is given to measure one cell (the caller adds run_dir)."""
     from omegaconf import OmegaConf
 
-    from specbench.config import CONF_DIR
+    from specbench.config.compose import CONF_DIR
 
     spec.check_task(task)
     method_conf = CONF_DIR / "method" / f"{row.method}.yaml"
@@ -104,9 +104,9 @@ def overrides(spec: Spec, row: Row, task: str) -> list[str]:
 
 
 def expected_config(args: list[str]) -> dict:
-    """What a run of `python -m specbench args` records as its config.json (rundir.fingerprint), provenance aside."""
-    from specbench.config import compose
-    from specbench.rundir import fingerprint
+    """What a run of `python -m specbench args` records as its config.json (identity.fingerprint), provenance aside."""
+    from specbench.config.compose import compose
+    from specbench.config.identity import fingerprint
 
     return fingerprint(compose([*args, "run_dir=unused"]))
 
@@ -293,7 +293,7 @@ def host_slug(name: str) -> str:
 
 
 def run_cell(row: str, task: str, extra: list[str], folder: Path = FOLDER, dry_run: bool = False) -> int:
-    from specbench.runner import cpu_model
+    from specbench.run.runner import cpu_model
 
     spec = load_spec(folder)
     r = spec.row(row)
@@ -306,7 +306,7 @@ def run_cell(row: str, task: str, extra: list[str], folder: Path = FOLDER, dry_r
 def add_run(src: Path, row: str, folder: Path = FOLDER) -> Path:
     """File a finished run as a cell: its config.json, its summary.json (given the per-sample pairs it lacks, from
     its samples.jsonl) and samples.jsonl (not committed); refused if it is not the row's current command."""
-    from specbench.summary import per_sample
+    from specbench.run.summary import per_sample
 
     spec = load_spec(folder)
     r = spec.row(row)
@@ -325,7 +325,7 @@ def add_run(src: Path, row: str, folder: Path = FOLDER) -> Path:
         raise SpecBenchError(f"{dest} exists: that cell is measured on this host (move it aside to replace it)")
     summary = dict(run.summary)
     if "per_sample" not in summary:
-        from specbench.rundir import read_finished
+        from specbench.run.rundir import read_finished
 
         records = read_finished(run.path, summary)[1]
         if len(records) != run.n_samples:

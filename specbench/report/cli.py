@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.report.groups import build_groups, group_frame
 from specbench.report.leaderboard import leaderboard_tables
 from specbench.report.load import find_runs

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.metrics.acceptance import position_rates
 from specbench.report.load import Run, label_models, short_key, short_value
-from specbench.stats import PairedTest, mean_std, pooled_speedup_ci, wilcoxon_paired
+from specbench.core.stats import PairedTest, mean_std, pooled_speedup_ci, wilcoxon_paired
 
 SEED_SUFFIX = re.compile(r"[-_.]?seed[-_=]?(\d+)$")
 SELF = "__reference__"  # p_vs of the --baseline system itself

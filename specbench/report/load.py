@@ -1,6 +1,6 @@
 """Finding and reading finished runs: `find_runs(dirs)` -> `Run`s (summary, flattened config, samples).
 
-Reading goes through `specbench.rundir.read_finished`, which refuses a run in progress, damaged or
+Reading goes through `specbench.run.rundir.read_finished`, which refuses a run in progress, damaged or
 mixed; runs moved aside by overwrite=true and runs without finished samples are skipped with a note.
 `footer_text` describes a set of runs (model, hardware, dtype, versions, sample counts) for the
 tables and the plots.
@@ -14,8 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.errors import SpecBenchError
-from specbench.rundir import moved_aside, read_finished, trains_on_first_use
+from specbench.core.errors import SpecBenchError
+from specbench.config.identity import trains_on_first_use
+from specbench.run.rundir import moved_aside, read_finished
 
 # fingerprint keys that never make two runs different systems
 # (profile.* only feeds the predicted speedup; warmup_tokens is an unmeasured warm-up; measure.* are
@@ -23,7 +24,7 @@ from specbench.rundir import moved_aside, read_finished, trains_on_first_use
 NEUTRAL_KEYS = ("seed", "run_name", "run_dir", "progress", "overwrite", "print_summary", "num_samples", "profile", "warmup_tokens", "measure")
 # keys that define the setting (compared first, for a precise error message)
 SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
-# the weights' identity in a fingerprint (specbench/provenance.py); trained artifacts are under
+# the weights' identity in a fingerprint (specbench/run/provenance.py); trained artifacts are under
 # provenance.artifacts.<key> and make systems differ
 WEIGHTS = "provenance.model."
 ARTIFACTS = "provenance.artifacts."

@@ -18,7 +18,7 @@ from specbench.report.groups import PHASES, num
 from specbench.report.leaderboard import plot_leaderboard
 from specbench.report.load import Run, footer_text
 from specbench.report.tables import setting_name
-from specbench.stats import mean_std
+from specbench.core.stats import mean_std
 
 
 def _runs_of(df: pd.DataFrame) -> list[Run]:

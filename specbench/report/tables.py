@@ -1,4 +1,4 @@
-"""The report's tables: `make_tables(frame)` -> `Table`s, rendered in markdown and LaTeX by specbench.table.
+"""The report's tables: `make_tables(frame)` -> `Table`s, rendered in markdown and LaTeX by specbench.core.table.
 
   (a) method x task, HM and speedup (EESD Table 1 layout), one table per model
   (b) v_d / r_d / HM / tau / inference time / tokens/s / speedup / p-value (EESD Table 10),
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specbench import table
+from specbench.core import table
 from specbench.report.groups import PHASES, SELF, natural_key, num
 from specbench.report.load import Run, footer_text
-from specbench.stats import mean_std
-from specbench.table import tex_escape
+from specbench.core.stats import mean_std
+from specbench.core.table import tex_escape
 
 
 def _f(x, spec=".2f", suffix=""):
@@ -237,7 +237,7 @@ def make_tables(df: pd.DataFrame, baseline: str | None) -> list[Table]:
 @dataclass(frozen=True)
 class Format:
     """How one output format lays out a document of tables; the tables themselves are drawn by
-    specbench.table (the renderer shared with the bench scripts and the end-of-run summary)."""
+    specbench.core.table (the renderer shared with the bench scripts and the end-of-run summary)."""
 
     table: Callable[[list[str], list[list[str]]], str]  # table.markdown or table.latex
     head: Callable[[list[Run]], list[str]]  # document preamble

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Task:
     primary_metric: str | None = None
 
     def __init__(self, cfg):
-        self.cfg = cfg  # the task's settings (specbench/settings.py)
+        self.cfg = cfg  # the task's settings (specbench/config/settings.py)
 
     # -- data -------------------------------------------------------------------------------
     def data_dir(self) -> Path | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks.base import Sample, Task, first_available, hub_source, local_source, register_task
 
 INSTRUCTION = 'Solve the problem step by step, and end your reply with "The answer is <number>."'

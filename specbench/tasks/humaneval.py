@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import textwrap
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks.base import Sample, Task, first_available, hub_source, local_source, read_jsonl, register_task
 from specbench.tasks.sandbox import bwrap_usable, require_isolation, run_judged
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks.base import Sample, Task, register_task, utf8_line
 from specbench.tasks.xsum import rouge
 

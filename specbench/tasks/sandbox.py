@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks.sandbox_view import host_view, interpreter
 
 MAX_OUTPUT_CHARS = 4000  # the tail of the output kept in the result

@@ -23,7 +23,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks.base import Sample, filter_categories, register_task
 from specbench.tasks.jsonl_task import JsonlTask
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.tasks.base import Sample, Task, first_available, hub_source, local_source, register_task
 
 INSTRUCTION = "Summarize the article above in one sentence."

@@ -11,10 +11,10 @@ import sys
 
 import torch
 
-from specbench import settings
-from specbench.config import check_choices, compose, fail, validate
-from specbench.errors import SpecBenchError, choice_error
-from specbench.help import train_help, wants_help
+from specbench.config import settings
+from specbench.config.compose import check_choices, compose, fail, validate
+from specbench.core.errors import SpecBenchError, choice_error
+from specbench.config.help import train_help, wants_help
 from specbench.models import load_model
 from specbench.train.session import TRAINERS, train_model
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from specbench.artifacts import save_checkpoint
-from specbench.errors import choice_error
+from specbench.models.artifacts import save_checkpoint
+from specbench.core.errors import choice_error
 from specbench.methods.eagle_head import EagleHead, training_pairs
 from specbench.models import ModelAdapter
 from specbench.train.features import target_features

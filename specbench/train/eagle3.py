@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from specbench.artifacts import save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
 from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, structure_of, tap_layers
 from specbench.models import ModelAdapter

@@ -35,8 +35,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from specbench.artifacts import all_finite, atomic_write, cache_dir, safe_key
-from specbench.errors import SpecBenchError
+from specbench.models.artifacts import all_finite, atomic_write, cache_dir, safe_key
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 
 FORMAT = "specbench-features/1"

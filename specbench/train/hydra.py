@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from specbench.artifacts import save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.methods.hydra_heads import HydraHeads, structure_of, teacher_forced_inputs
 from specbench.models import ModelAdapter
 from specbench.train.features import target_features

@@ -15,11 +15,11 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from specbench import settings
-from specbench.errors import SpecBenchError
+from specbench.config import settings
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 from specbench.train import resume as resume_state
-from specbench.train.data import teacher_labels
+from specbench.models.distill import teacher_labels
 
 
 def pad_batch(batch, max_len, pad_id, device):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from specbench.artifacts import save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.methods.medusa import MedusaHeads, medusa2_structure
 from specbench.models import ModelAdapter
 from specbench.train.loop import (

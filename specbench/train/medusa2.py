@@ -49,9 +49,9 @@ import math
 import torch
 from torch.nn import functional as F
 
-from specbench import settings
-from specbench.artifacts import save_checkpoint
-from specbench.errors import SpecBenchError
+from specbench.config import settings
+from specbench.models.artifacts import save_checkpoint
+from specbench.core.errors import SpecBenchError
 from specbench.methods.medusa import MedusaHeads, medusa2_structure
 from specbench.methods.space import finetuned_copy, untie_lm_head
 from specbench.models import ModelAdapter

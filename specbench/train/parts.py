@@ -5,9 +5,9 @@ A trainer module declares the parts of the method(s) it trains next to its train
     first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {...}))
 
 registers `FIRST_USE["eagle"]`, a function `(cfg, target) -> [Part]` listing the parts that
-method would load (given the run's settings, specbench/settings.py) and where. specbench/train/session.py imports every module
+method would load (given the run's settings, specbench/config/settings.py) and where. specbench/train/session.py imports every module
 of this package (so trainers and their first-use parts are found, not listed), and
-specbench/firstuse.py trains the missing ones. This module imports nothing of specbench.train,
+specbench/run/firstuse.py trains the missing ones. This module imports nothing of specbench.train,
 so trainer modules can import it without a cycle.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbench import settings
-from specbench.artifacts import find_checkpoint
+from specbench.config import settings
+from specbench.models.artifacts import find_checkpoint
 
 FIRST_USE: dict[str, Callable] = {}  # method name -> (cfg, target) -> [Part]
 

@@ -21,8 +21,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench import settings
-from specbench.artifacts import all_finite, atomic_write, checkpoint_path, safe_key
+from specbench.config import settings
+from specbench.models.artifacts import all_finite, atomic_write, checkpoint_path, safe_key
 
 FORMAT = "specbench-train-resume/1"
 OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")  # AdamW's per-parameter state

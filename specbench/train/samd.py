@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specbench import settings
+from specbench.config import settings
 
 from specbench.methods.samd import aux_config
 from specbench.train.parts import FIRST_USE, first_use

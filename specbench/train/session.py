@@ -1,5 +1,5 @@
 """One training session with an already loaded target: self-distillation data, then a trainer.
-Used by `python -m specbench.train` and by training on first use (specbench/firstuse.py); the
+Used by `python -m specbench.train` and by training on first use (specbench/run/firstuse.py); the
 registries TRAINERS and FIRST_USE are complete once this module is imported."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from specbench.discover import import_submodules
-from specbench.train.data import load_sequences, sequences_hash
+from specbench.core.discover import import_submodules
+from specbench.models.distill import load_sequences, sequences_hash
 from specbench.train.loop import DATA
 from specbench.train.parts import FIRST_USE
 from specbench.train.trainers import TRAINERS
@@ -22,7 +22,7 @@ __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
 
 def train_model(cfg, target, trainer: str | None = None) -> dict:
-    """Train with an already loaded target (`cfg`: the run's settings, specbench/settings.py;
+    """Train with an already loaded target (`cfg`: the run's settings, specbench/config/settings.py;
     `trainer`: a TRAINERS name, default the method's)."""
     data_dir = cfg.task.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
     sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))

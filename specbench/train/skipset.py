@@ -1,13 +1,13 @@
 """Self-SD's trained part: the skip set, found by the Bayesian-optimisation search of
-specbench/skipsearch.py (`python -m specbench.skipsearch` for the full budget). Declared here, with
+specbench/train/skipsearch.py (`python -m specbench.tools.skipsearch` for the full budget). Declared here, with
 the other trained parts, so that first use finds it (specbench/train/parts.py)."""
 
 from __future__ import annotations
 
-from specbench.artifacts import skip_result_path
+from specbench.models.artifacts import skip_result_path
 from specbench.methods.self_sd import model_key
-from specbench.settings import shipped
-from specbench.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
+from specbench.config.settings import shipped
+from specbench.train.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
 from specbench.train.parts import Part, first_use
 
 

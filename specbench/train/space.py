@@ -15,8 +15,8 @@ import random
 import torch
 from torch.nn import functional as F
 
-from specbench.settings import merge as merge_settings
-from specbench.artifacts import save_checkpoint
+from specbench.config.settings import merge as merge_settings
+from specbench.models.artifacts import save_checkpoint
 from specbench.methods.space import MASK, MaskedEmbed, finetuned_copy, space_structure
 from specbench.models import ModelAdapter
 from specbench.train.loop import (

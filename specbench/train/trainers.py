@@ -19,10 +19,10 @@ import random
 import torch
 from tqdm import tqdm
 
-from specbench import settings
-from specbench.artifacts import find_checkpoint, save_checkpoint
+from specbench.config import settings
+from specbench.models.artifacts import find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
 from specbench.methods.vanilla_sd import draft_num_layers
 from specbench.models import ModelAdapter, truncated_copy

@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from specbench.cachedir import cache_dir
-from specbench.errors import SpecBenchError
+from specbench.core.cachedir import cache_dir
+from specbench.core.errors import SpecBenchError
 
 
 def converted_dir(gguf_sha256: str, name: str) -> Path:

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from specbench import table
-from specbench.errors import SpecBenchError
-from specbench.rundir import moved_aside, read_finished
+from specbench.core import table
+from specbench.core.errors import SpecBenchError
+from specbench.run.rundir import moved_aside, read_finished
 
 
 def _summaries(dirs):

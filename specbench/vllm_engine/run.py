@@ -1,7 +1,7 @@
 """`python -m specbench engine=vllm method=<name> ...`: validate, prepare the model, run the vLLM worker, keep its results.
 
 Nothing is written before the whole configuration is validated, the vLLM environment found and the prompts
-tokenized. The run directory follows the native engine's rules (specbench/rundir.py: fingerprint with the
+tokenized. The run directory follows the native engine's rules (specbench/run/rundir.py: fingerprint with the
 weights' hashes, one writer, resume, overwrite moves aside): one record per batch size in samples.jsonl,
 appended the moment the worker reports it, so a crash keeps every finished batch size and a re-run runs
 only the missing ones, on the same prompts (checked: a record names the sample ids it was measured on).
@@ -19,12 +19,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specbench.config import validate
-from specbench.errors import SpecBenchError
-from specbench.provenance import model_provenance, path_digest
-from specbench.rundir import RunDir, check_run_dir
-from specbench.settings import has, record
-from specbench.settings import of as run_settings
+from specbench.config.compose import validate
+from specbench.core.errors import SpecBenchError
+from specbench.run.provenance import model_provenance, path_digest
+from specbench.config.identity import check_run_dir
+from specbench.run.rundir import RunDir
+from specbench.config.settings import has, record
+from specbench.config.settings import of as run_settings
 from specbench.tasks import build_task
 from specbench.vllm_engine import settings
 from specbench.vllm_engine.convert import load_tokenizer, model_for_vllm

@@ -45,7 +45,7 @@ def sampling(run, max_new: int, eos_ids) -> dict:
 
 def worker_spec(run, model: str, prompts: list[list[int]], ids: list[str], batch_sizes: list[int],
                 eos_ids, max_new: int, out: str) -> dict:
-    """Everything the worker needs, as plain JSON (`run`: the run's settings, specbench/settings.py)."""
+    """Everything the worker needs, as plain JSON (`run`: the run's settings, specbench/config/settings.py)."""
     e = run.engine
     return {
         "model": model, "dtype": e.dtype, "max_model_len": int(e.max_model_len), "enforce_eager": bool(e.enforce_eager),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import statistics
 
-from specbench import table
-from specbench.table import Column
+from specbench.core import table
+from specbench.core.table import Column
 
 
 def _quantile(xs: list[float], q: float) -> float | None:

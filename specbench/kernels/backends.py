@@ -16,7 +16,7 @@ decoding step. A backend swaps the kernel, not the model:
   MKL's small-M GEMM jumps to ~1.6x its one-row time (results/bench/backends.md).
 - `ggml`: the weights in ggml's block formats where those reproduce the float32 parameter bit
   for bit (Q4_1, Q8_0: the embedded GGUF's own blocks, 0.625 / 1.06 bytes per weight instead of
-  4), else float32, multiplied by a C kernel (specbench/models/ggml.py) that computes every output
+  4), else float32, multiplied by a C kernel (specbench/kernels/ggml.py) that computes every output
   row the same way whatever the number of rows: a k-token verify gives each row the bits k
   one-token steps give. Attention follows (attention.py's batch-invariant kernel on the `ggml*`
   backends), so the whole forward is batch-invariant. Same model as eager up to summation order.
@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.errors import SpecBenchError, choice_error
-from specbench.models import ggml, ggml_q8
+from specbench.core.errors import SpecBenchError, choice_error
+from specbench.kernels import ggml, ggml_q8
 
 # oneDNN picks its blocked layout for a batch-size hint; verification batches are 1..16 rows
 MKLDNN_BATCH_HINT = 8

@@ -1,4 +1,4 @@
-"""python -m specbench.publish <checkpoint.safetensors> --command "<the command that trained it>"
+"""python -m specbench.tools.publish <checkpoint.safetensors> --command "<the command that trained it>"
 
 Copies a trained checkpoint from the cache into the package (specbench/published_artifacts/<model
 key>/<kind>/, artifacts.published_path), where `checkpoint: auto` finds it when the cache holds
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from specbench.artifacts import _flatten, atomic_write, published_path, read_checkpoint
-from specbench.provenance import file_sha256
+from specbench.models.artifacts import _flatten, atomic_write, published_path, read_checkpoint
+from specbench.run.provenance import file_sha256
 
 
 def publish(src: Path, command: str) -> Path:
@@ -34,7 +34,7 @@ def publish(src: Path, command: str) -> Path:
 
 
 def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specbench.publish")
+    ap = argparse.ArgumentParser(prog="python -m specbench.tools.publish")
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--command", required=True, help="the exact command that trained it")
     args = ap.parse_args(argv)

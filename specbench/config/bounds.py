@@ -1,6 +1,6 @@
 """Every size-like setting of a method or controller, bounded by the model it runs on.
 
-`config.resources` calls `check` with the model's shape (specbench/modelinfo.py, read without the
+`config.resources` calls `check` with the model's shape (specbench/config/modelinfo.py, read without the
 weights), so a size the model cannot take is one line before anything is loaded or written; the
 runner calls `check_widths` once more with the widths the built method reports (a tree read from a
 file, a template cut), before the run directory is created. A size is bounded by
@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from specbench import modelinfo
-from specbench.errors import SpecBenchError, bad_value
+from specbench.config import modelinfo
+from specbench.core.errors import SpecBenchError, bad_value
 
 VOCAB, CONTEXT, WIDTH, MEMORY, LAYERS = "vocab", "context", "width", "memory", "layers"
 # method -> key -> its bound (one of the above, '+'-joined) or, for a key left unbounded, why

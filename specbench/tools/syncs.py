@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-PACKAGE = str(Path(__file__).resolve().parent)
+PACKAGE = str(Path(__file__).resolve().parents[1])  # specbench/: a frame in any of its files is ours
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """REST's datastore: a corpus tokenised with the target's tokenizer, and its suffix array.
 
-    python -m specbench.datastore --model smollm2-135m --corpus gsm8k/train.jsonl:question,answer
-    python -m specbench.datastore --model tiny-llama --corpus notes.txt more.txt
+    python -m specbench.tools.datastore --model smollm2-135m --corpus gsm8k/train.jsonl:question,answer
+    python -m specbench.tools.datastore --model tiny-llama --corpus notes.txt more.txt
 
 A corpus entry is a JSONL file with the fields to read (`path:field` or `path:f1,f2`: the
 fields of one record joined by a newline make one entry) or a plain text file (one entry). A
@@ -10,7 +10,8 @@ working directory. The entries' token ids are concatenated with no separator, as
 `draftretriever.Writer.add_entry` does, so a continuation may run into the next entry.
 
 The datastore is cached in `<cache>/datastore/<model>-<tokenizer hash>-<corpus hash>.npz`
-(specbench/cachedir.py): built once by this command, or by `method=rest` on first use.
+(specbench/core/cachedir.py): built once by this command (specbench/tools/datastore.py), or by
+`method=rest` on first use.
 
 Suffix array: prefix doubling, O(n log^2 n) with numpy sorts (`suffix_array`); a suffix that
 runs out sorts before its extensions, which is what Python's list/array comparison does, so
@@ -19,13 +20,10 @@ runs out sorts before its extensions, which is what Python's list/array comparis
 
 from __future__ import annotations
 
-import argparse
 import array
 import bisect
 import hashlib
 import json
-import os
-import sys
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -33,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specbench.artifacts import atomic_write, safe_key
-from specbench.cachedir import cache_dir
-from specbench.errors import SpecBenchError
+from specbench.models.artifacts import atomic_write, safe_key
+from specbench.core.cachedir import cache_dir
+from specbench.core.errors import SpecBenchError
 
 
 def suffix_array(tokens: np.ndarray) -> np.ndarray:
@@ -194,9 +192,9 @@ def load_or_build(model: str, tokenizer, corpus: list[str], data_dir: str | None
                 return Datastore(z["tokens"], z["sa"], json.loads(str(z["meta"]))), path
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # truncated: BadZipFile
             raise SpecBenchError(f"datastore {path} is unreadable ({type(e).__name__}); delete it and re-create it with "
-                                 f"`python -m specbench.datastore --model {model} --corpus {' '.join(corpus)}`") from None
+                                 f"`python -m specbench.tools.datastore --model {model} --corpus {' '.join(corpus)}`") from None
     if not build_missing:
-        raise SpecBenchError(f"no datastore for {model} and this corpus; build it with `python -m specbench.datastore --model {model} --corpus {' '.join(corpus)}`")
+        raise SpecBenchError(f"no datastore for {model} and this corpus; build it with `python -m specbench.tools.datastore --model {model} --corpus {' '.join(corpus)}`")
     ds = build(tokenizer, specs)
 
     def write(tmp: Path):
@@ -205,33 +203,3 @@ def load_or_build(model: str, tokenizer, corpus: list[str], data_dir: str | None
 
     atomic_write(path, write)
     return ds, path
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specbench.datastore", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="a conf/model/<name>.yaml (its tokenizer is used)")
-    ap.add_argument("--corpus", nargs="+", required=True, help="path.jsonl:field[,field] or text files")
-    ap.add_argument("--data-dir", default=os.environ.get("SPECBENCH_DATA_DIR"))
-    args = ap.parse_args(argv)
-    from specbench.models import load_model
-    from specbench.settings import CONF_DIR, shipped
-
-    try:
-        conf = CONF_DIR / "model" / f"{args.model}.yaml"
-        if not conf.is_file():
-            names = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
-            raise SpecBenchError(f"unknown model {args.model!r}; allowed: {', '.join(names)}")
-        specs = [parse_spec(c, args.data_dir) for c in args.corpus]  # bad paths fail before the model loads
-        del specs
-        target = load_model(shipped("model", args.model))
-        ds, path = load_or_build(args.model, target.tokenizer, args.corpus, args.data_dir)
-    except SpecBenchError as e:
-        print(f"specbench: error: {e}", file=sys.stderr)
-        return 2
-    print(f"{path}: {len(ds)} tokens from {ds.meta['entries']} entries")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

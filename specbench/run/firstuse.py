@@ -18,15 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from specbench import settings
-from specbench.artifacts import checkpoint_meta, trained_summary
-from specbench.errors import SpecBenchError
+from specbench.config import settings
+from specbench.models.artifacts import checkpoint_meta, trained_summary
+from specbench.core.errors import SpecBenchError
 from specbench.train.parts import Part
 from specbench.train.session import FIRST_USE, train_model
 
 
 def small_enough(cfg, target) -> bool:
-    """`cfg`: the run's settings (specbench/settings.py), here and below."""
+    """`cfg`: the run's settings (specbench/config/settings.py), here and below."""
     fcfg = cfg.train.first_use
     n = sum(p.numel() for p in target.model.parameters())
     return cfg.model.loader in list(fcfg.loaders) and n <= float(fcfg.max_params)

@@ -1,5 +1,5 @@
 """One field of /proc/cpuinfo (Linux): the kernels' cache key reads the CPU's flags
-(models/ggml.py), a run's environment its model name (runner.py)."""
+(kernels/ggml.py), a run's environment its model name (run/runner.py)."""
 
 from __future__ import annotations
 

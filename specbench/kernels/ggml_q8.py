@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.models import ggml
+from specbench.kernels import ggml
 
 LANES = 16  # output rows per record (one AVX-512 register of int32 sums)
 

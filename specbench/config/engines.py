@@ -4,31 +4,31 @@ vLLM branches of their own.
 With `engine=vllm` on the command line, `method=<name>` names one of vLLM's methods, whose configs are
 conf/method/vllm/<name>.yaml (their names overlap the native ones: `suffix`, `eagle` are vLLM's own
 implementations there); `engine_argv` rewrites the override to `method=vllm/<name>` before Hydra sees it.
-A leaf module (errors and schema only): config and rundir import it.
+A leaf module (errors and schema only): config.compose and config.identity import it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specbench import schema
-from specbench.errors import SpecBenchError
+from specbench.config import schema
+from specbench.core.errors import SpecBenchError
 
 VLLM_METHOD_DIR = "vllm"
 HEAD_METHODS = ("eagle", "eagle3", "medusa", "draft_model")  # vLLM loads a drafter: method.model
 
 
-# files a vLLM run dir holds beside the native engine's (rundir.RUN_FILES)
+# files a vLLM run dir holds beside the native engine's (identity.RUN_FILES)
 RUN_FILES = {"worker.log"}  # the worker's output (vLLM's log)
 
 
 def method_configs(conf_dir: Path) -> list[str]:
-    """vLLM's methods as config names (`vllm/<name>`), for the paper-control fallbacks of config.py."""
+    """vLLM's methods as config names (`vllm/<name>`), for the paper-control fallbacks of config/compose.py."""
     return [f"{VLLM_METHOD_DIR}/{p.stem}" for p in (conf_dir / "method" / VLLM_METHOD_DIR).glob("*.yaml")]
 
 
 def fingerprint_engine(c: dict) -> None:
-    """The engine group's part of a run's fingerprint (rundir.fingerprint), in place: none for the native
+    """The engine group's part of a run's fingerprint (identity.fingerprint), in place: none for the native
     engine (as runs recorded before engines existed), and engine=vllm without its batch sizes (one record
     per batch size, so more sizes extend a run, like task.num_samples for the native engine)."""
     if c.get("engine") == {"name": "native"}:

@@ -1,6 +1,6 @@
 """Where specbench keeps what it builds once per machine (trained parts, calibrations, compiled
 kernels): `$SPECBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/specbench`, else `~/.cache/specbench`.
-A leaf module: the model layer (specbench.models.ggml) and the artifact store both use it."""
+A leaf module: the model layer (specbench.kernels.ggml) and the artifact store both use it."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """Composing and validating the configuration, before anything is written to disk.
 
-Every entry point (`python -m specbench`, `specbench.train`, `specbench.skipsearch`) composes the
+Every entry point (`python -m specbench`, `specbench.train`, `specbench.tools.skipsearch`) composes the
 Hydra config through here and runs `validate` once over the result: a bad value is one line
 `specbench: error: ...` (exit 2) naming the key, the value and what is allowed. For multiruns and
 `+experiment` presets every combination of the sweep is composed and validated before the first
 job starts, so Hydra's multi-line reports never reach the user.
 
 It imports no torch (the CLI refuses bad input before torch loads); cli, train and skipsearch all
-import it. After `validate`, the entry points read the config as typed settings (specbench/settings.py).
+import it. After `validate`, the entry points read the config as typed settings (specbench/config/settings.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from specbench import bounds, modelinfo, schema, settings
-from specbench.errors import SpecBenchError, bad_value, show_value
-from specbench.rundir import check_run_dir
-from specbench.settings import CONF_DIR
-from specbench.vllm_engine.hooks import engine_rules, method_configs, method_options
+from specbench.config import bounds, modelinfo, schema, settings
+from specbench.core.errors import SpecBenchError, bad_value, show_value
+from specbench.config.identity import check_run_dir
+from specbench.config.settings import CONF_DIR
+from specbench.config.engines import engine_rules, method_configs, method_options
 
 GROUPS = ("method", "task", "model", "control", "experiment", "engine")
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -67,7 +67,7 @@ def one_line(e: BaseException, lines: int = 2) -> str:
 
 def check_choices(argv: list[str]) -> None:
     """Reject unknown group choices before Hydra does (its message spans many lines); argv as
-    vllm_engine.hooks.engine_argv rewrote it."""
+    config.engines.engine_argv rewrote it."""
     for arg in argv:
         if arg.startswith("~"):
             # the code reads every shipped key: a removed one would fail late, or fall back to a default elsewhere
@@ -139,7 +139,7 @@ def combinations(argv: list[str]) -> list[list[str]] | None:
 
 
 def precheck(argv: list[str]) -> None:
-    """Compose and validate every job of `argv` (as vllm_engine.hooks.engine_argv rewrote it); one line and
+    """Compose and validate every job of `argv` (as config.engines.engine_argv rewrote it); one line and
     exit 2 on the first bad one."""
     check_choices(argv)
     try:
@@ -150,9 +150,9 @@ def precheck(argv: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- validation
-# One pass over a composed config: every key against the typed schema (specbench/schema.py: types,
+# One pass over a composed config: every key against the typed schema (specbench/config/schema.py: types,
 # ranges, null; a key the schema does not know is refused), then the rules between keys, then the
-# resource bounds that need the model's shape (specbench/modelinfo.py: read without the weights).
+# resource bounds that need the model's shape (specbench/config/modelinfo.py: read without the weights).
 # A hand-built config may leave keys out (tests, library use): only what is there is checked.
 
 ABSENT = object()  # a key the config does not have
@@ -173,7 +173,7 @@ check_value = schema.check
 
 
 def check_values(values: dict, table: dict) -> None:
-    """Plain key -> value settings (specbench.skipsearch's own keys) against a schema table."""
+    """Plain key -> value settings (specbench.tools.skipsearch's own keys) against a schema table."""
     for key, value in values.items():
         if key not in table:
             raise SpecBenchError(f"unknown key {key!r}; allowed: {', '.join(sorted(table))}")
@@ -270,7 +270,7 @@ def _aux_settings(cfg) -> None:
 def resources(cfg) -> None:
     """Bounds that need the model's shape (read without its weights): layer indices and draft
     depths within the model, every method's and controller's sizes within its vocabulary, context
-    and memory (specbench/bounds.py), profile sizes within its context and the memory there is, a
+    and memory (specbench/config/bounds.py), profile sizes within its context and the memory there is, a
     tiny model's weights within the memory there is."""
     if _get(cfg, "model") is ABSENT or (shape := modelinfo.model_shape(settings.group("model", cfg.model))) is None:
         return

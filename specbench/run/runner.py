@@ -18,29 +18,30 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specbench import settings
-from specbench.bounds import check_widths
-from specbench.config import validate
-from specbench.cpuinfo import cpuinfo_field
+from specbench.config import settings
+from specbench.config.bounds import check_widths
+from specbench.config.compose import validate
+from specbench.core.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode
-from specbench.errors import SpecBenchError
-from specbench.firstuse import ensure_trained
-from specbench.interference import StepHistory, measure_load, run_checked, shared_cores
+from specbench.core.errors import SpecBenchError
+from specbench.run.firstuse import ensure_trained
+from specbench.run.interference import StepHistory, measure_load, run_checked, shared_cores
 from specbench.methods import build_method
 from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
-from specbench.models.backends import check_backend
+from specbench.kernels.backends import check_backend
 from specbench.models.graphs import precapture
-from specbench.profiling import profile_forward
-from specbench.provenance import run_provenance
-from specbench.rundir import RunDir, check_run_dir
-from specbench.summary import _fmt, aggregate, print_summary
+from specbench.run.profiling import profile_forward
+from specbench.run.provenance import run_provenance
+from specbench.config.identity import check_run_dir
+from specbench.run.rundir import RunDir
+from specbench.run.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
-from specbench.warmup import warm_up
+from specbench.run.warmup import warm_up
 
 
 def cpu_model() -> str:
@@ -178,7 +179,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
 @torch.no_grad()  # restores the caller's grad mode on return (in-process callers may train next)
 def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     """One benchmark run of the composed config `cfg` (validated here, then read as its typed
-    settings, specbench/settings.py; `cfg` itself is only recorded: config.yaml, the fingerprint).
+    settings, specbench/config/settings.py; `cfg` itself is only recorded: config.yaml, the fingerprint).
     `target`: an already loaded model for cfg.model (benchmarks that run several methods load it once)."""
     validate(cfg)
     rs = settings.of(cfg)

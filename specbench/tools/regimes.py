@@ -1,7 +1,7 @@
 """The two execution regimes side by side: every method over the same prompts in eager mode and in
 graphs mode (models/graphs.py), each against AR in its own mode, on one loaded model.
 
-Used by `python -m specbench.doctor` (make gpu-check) and `bench/gpu_regimes.py`. Per prompt, AR
+Used by `python -m specbench.tools.doctor` (make gpu-check) and `bench/gpu_regimes.py`. Per prompt, AR
 runs once per mode and each method after it (their order rotates), so the AR baseline is shared by
 the methods of a mode: the CLI instead interleaves AR with one method per run; here a table of
 seven methods in two modes must fit a few minutes of a lent GPU.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench import schema, settings
-from specbench.config import compose
+from specbench.config import schema, settings
+from specbench.config.compose import compose
 from specbench.engine.sampling import SamplingConfig
 from specbench.models.graphs import precapture
 

@@ -9,6 +9,8 @@ few greedy tokens and then sample. The original text (the train split's referenc
 mixed in, as the paper keeps open-source data beside the generated data.
 Generation is batched through transformers' `generate` (left padding): several times faster on
 CPU than one sequence at a time, and it does not touch the decoding code under test.
+It lives beside the model rather than in train/ because a method reads it too: a draft
+vocabulary (methods/draft_vocab.py) ranks tokens by the sequences the trainers learn from.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specbench import settings
-from specbench.artifacts import cache_dir, read_json, write_json
-from specbench.errors import SpecBenchError
+from specbench.config import settings
+from specbench.models.artifacts import cache_dir, read_json, write_json
+from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
 
 TEMPLATES = (

@@ -7,10 +7,11 @@ Layout: `config.json` (the fingerprint: the config minus the keys a resumption m
 - One writer at a time: an exclusive `flock` on `.lock`, held until the run ends (the kernel drops
   it when the process dies); a second run is refused naming the holder's pid.
 - Open only after the whole configuration was validated and the model loaded; nothing is created
-  on disk before. The path must be new, empty, or hold a run (`check_run_dir`): a directory of
+  on disk before. The path must be new, empty, or hold a run (`check_run_dir`,
+  specbench/config/identity.py with the fingerprint and `config_hash`): a directory of
   anything else (a model, a project) is refused before anything is written into it.
 - Identity: the fingerprint holds the config and the run's provenance (the weights' and trained
-  artifacts' hashes, specbench/provenance.py); a resumption against anything else is refused in
+  artifacts' hashes, specbench/run/provenance.py); a resumption against anything else is refused in
   one line naming what differs. The default run name carries `config_hash` (`${fingerprint:}` in
   conf/config.yaml), so different settings never share a default directory.
 - `overwrite=true` deletes nothing: the old contents move to `<run>.old-<timestamp>` (the report
@@ -26,7 +27,6 @@ Layout: `config.json` (the fingerprint: the config minus the keys a resumption m
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -35,13 +35,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.errors import Interrupted, SpecBenchError
-from specbench.provenance import describe_change
-from specbench.vllm_engine.hooks import RUN_FILES as ENGINE_FILES, fingerprint_engine
+from specbench.config.identity import LOCK, check_run_dir, fingerprint, io_error
+from specbench.core.errors import Interrupted, SpecBenchError
+from specbench.run.provenance import describe_change
 
-# config keys that may differ between a run and its resumption
-RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
-LOCK = ".lock"
 OLD_MARK = ".old-"
 # what _move_aside names a run's old contents: <run>.old-YYYYmmdd-HHMMSS, -N when that was taken
 MOVED_ASIDE = re.compile(r".+\.old-\d{8}-\d{6}(-\d+)?")
@@ -50,28 +47,6 @@ RECOVER = "pass overwrite=true (moves the old contents aside, deletes nothing) o
 # run dirs this process holds the lock of: path -> open lock file (a crashed run() in this
 # process may not have released it; the same process may take its own lock again)
 _HELD: dict[Path, object] = {}
-
-
-def fingerprint(cfg: DictConfig) -> dict:
-    c = OmegaConf.to_container(cfg, resolve=True)
-    for k in RESUMABLE_KEYS:
-        c.pop(k, None)
-        c.get("task", {}).pop(k, None)
-    c.pop("run_dir", None)
-    if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
-        c.pop("timing")
-    if not trains_on_first_use(c):
-        c.pop("train", None)
-    fingerprint_engine(c)
-    return c
-
-
-def trains_on_first_use(c: dict) -> bool:
-    """Whether the `train` group can change what the method runs with: only a method that trains
-    on first use (its conf has `train_if_missing`) reads it. For the others (PLD, REST, suffix ...)
-    it stays out of the identity, so a new first-use budget neither renames their default run dirs
-    nor refuses their resumption."""
-    return "train_if_missing" in (c.get("method") or {})
 
 
 def _same_training(old: dict, new: dict) -> bool:
@@ -91,62 +66,6 @@ def _name_stem(name) -> str | None:
     """A run name without the 8-hex `${fingerprint:}` suffix: that part is derived from the keys
     compared anyway, so a change of what the fingerprint holds (as above) must not refuse a run."""
     return re.sub(r"-[0-9a-f]{8}$", "", name) if isinstance(name, str) else name
-
-
-# the files a run dir holds (a directory holding only these, or our config.json, is a run)
-RUN_FILES = {LOCK, "config.json", "config.yaml", "samples.jsonl", "summary.json", "forward_costs.json", "profile.json",
-             *ENGINE_FILES}
-
-
-def config_hash(cfg: DictConfig, exclude=()) -> str:
-    """8 hex digits of the fingerprint of `cfg` without its run name and dir and the dotted keys
-    `exclude`: the default run name's distinguishing part (conf/config.yaml `${fingerprint:}`)."""
-    # unresolved, so that resolving the copy never asks for the run name being computed
-    c = OmegaConf.to_container(cfg, resolve=False)
-    for key in ("run_name", "run_dir", "hydra", *exclude):
-        *parents, leaf = key.split(".")
-        node = c
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    text = json.dumps(fingerprint(OmegaConf.create(c)), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def is_run_config(config) -> bool:
-    """A config.json written by `fingerprint` (a model's config.json has no `method` group)."""
-    return isinstance(config, dict) and isinstance(config.get("method"), dict) and "name" in config["method"]
-
-
-def check_run_dir(path) -> Path:
-    """The run dir as a Path when it may be written: new, empty, or holding a run (our config.json,
-    or only a run's files). Anything else is refused before anything is written into it."""
-    if path is None or not str(path).strip():
-        raise SpecBenchError(f"run_dir={path!r} is empty; give a directory (default: results/runs/<model>/<task>/<run_name>)")
-    p = Path(str(path)).expanduser()
-    if not p.exists():
-        return p
-    if not p.is_dir():
-        raise SpecBenchError(f"run_dir={str(path)!r} is not a directory; choose a new or empty one")
-    try:
-        entries = sorted(e.name for e in p.iterdir())
-    except OSError as e:
-        raise _io_error(p, e) from None
-    if not entries or "samples.jsonl" in entries:
-        return p  # empty, or a run's samples (checked against its config.json once locked)
-    if "config.json" in entries:
-        try:
-            ours = is_run_config(json.loads((p / "config.json").read_text()))
-        except (OSError, ValueError, UnicodeDecodeError):
-            ours = False
-    else:
-        ours = set(entries) <= RUN_FILES  # a run's remains (e.g. only its lock)
-    if not ours:
-        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
-        raise SpecBenchError(f"run_dir={str(path)!r} holds files that are not a specbench run ({shown}); "
-                             "choose a new or empty directory")
-    return p
 
 
 def read_config(path: Path, missing: str, damaged_suffix: str = "") -> dict:
@@ -187,13 +106,9 @@ def _pid(f) -> int | str:
     return int(text) if text.isdigit() else "unknown"
 
 
-def _io_error(path: Path, e: OSError) -> SpecBenchError:
-    return SpecBenchError(f"cannot write run dir {path}: {e.strerror or e}")
-
-
 class RunDir:
     def __init__(self, path: Path, cfg: DictConfig, overwrite: bool = False, provenance: dict | None = None):
-        """`provenance`: the weights' and trained artifacts' identity (specbench.provenance), kept
+        """`provenance`: the weights' and trained artifacts' identity (specbench.run.provenance), kept
         in the fingerprint."""
         self.path = check_run_dir(path)
         self.samples_path = self.path / "samples.jsonl"
@@ -213,7 +128,7 @@ class RunDir:
             (self.path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         except OSError as e:
             self.release()
-            raise _io_error(self.path, e) from None
+            raise io_error(self.path, e) from None
         except SpecBenchError:
             self.release()
             raise
@@ -320,7 +235,7 @@ class RunDir:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            raise _io_error(self.path, e) from None
+            raise io_error(self.path, e) from None
 
     def write(self, name: str, text: str) -> None:
         """Whole or not at all (an interrupt mid-write leaves the old file or none, never half)."""
@@ -329,7 +244,7 @@ class RunDir:
             tmp.write_text(text)
             os.replace(tmp, self.path / name)
         except OSError as e:
-            raise _io_error(self.path, e) from None
+            raise io_error(self.path, e) from None
 
     def read_profile(self) -> dict | None:
         """profile.json (the profile's spread, re-measured points): shown, never computed with,

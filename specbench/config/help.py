@@ -5,7 +5,7 @@ method or task shows up without touching this file) and example commands. Hydra'
 
 from __future__ import annotations
 
-from specbench.config import CONF_DIR
+from specbench.config.compose import CONF_DIR
 
 HELP_FLAGS = ("--help", "-h")
 

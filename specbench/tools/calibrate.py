@@ -1,10 +1,10 @@
-"""python -m specbench.calibrate [--repeats N] [--max-cv X] [model=<name>] [method=<name>] [profile.ks=[..]] ...
+"""python -m specbench.tools.calibrate [--repeats N] [--max-cv X] [model=<name>] [method=<name>] [profile.ks=[..]] ...
 
 Measures, once per model and backend, what the cost model needs and whether the machine is
 quiet enough to benchmark, and saves it as JSON beside the checkpoint cache
-(`<cache dir>/calibration/<model key>-<device>-<dtype>.json`, the cache dir as in `specbench.artifacts`):
+(`<cache dir>/calibration/<model key>-<device>-<dtype>.json`, the cache dir as in `specbench.models.artifacts`):
 
-  * T(k): the target's forward cost over k new tokens (specbench/profiling.py: repeats, median,
+  * T(k): the target's forward cost over k new tokens (specbench/run/profiling.py: repeats, median,
     monotonicity check with re-measurement, spread), at `profile.ks` / `profile.context`;
   * the draft cost per drafted token of `method` (its draft phase over a short greedy
     generation; methods that need an untrained-but-missing checkpoint are skipped with the
@@ -30,20 +30,20 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from specbench import settings
-from specbench.artifacts import cache_dir
-from specbench.config import CONF_DIR, check_choices, fail, validate
+from specbench.config import settings
+from specbench.models.artifacts import cache_dir
+from specbench.config.compose import CONF_DIR, check_choices, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
-from specbench.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError
 from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
-from specbench.profiling import profile_forward
-from specbench.runner import environment
+from specbench.run.profiling import profile_forward
+from specbench.run.runner import environment
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m specbench.calibrate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specbench.tools.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=7, help="timings of the fixed workload (>= 2)")
     p.add_argument("--workload", type=int, default=10, help="one-token forwards per timing (>= 1)")
     p.add_argument("--max-cv", type=float, default=0.05, help="coefficient of variation still called quiet")

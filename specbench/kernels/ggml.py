@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from specbench.cachedir import cache_dir
-from specbench.cpuinfo import cpuinfo_field
-from specbench.errors import SpecBenchError
+from specbench.core.cachedir import cache_dir
+from specbench.core.cpuinfo import cpuinfo_field
+from specbench.core.errors import SpecBenchError
 
 BLOCK = 32
 # the fp32-activation kernels, the int8-activation ones (model.backend=ggml_q8) and the

@@ -4,21 +4,21 @@ The headline speedup is pooled (ratio of summed tokens/s, the papers' way). Besi
 median per-sample speedup (a few spoiled samples cannot move it) and a bootstrap confidence
 interval of the pooled speedup over samples; a run whose CI is wider than `max_rel_width` of
 its speedup is flagged (`ci_wide`). The cost model's prediction is given twice: from the
-start-up profile and refitted from the run's own verify steps (specbench/profiling.py).
+start-up profile and refitted from the run's own verify steps (specbench/run/profiling.py).
 """
 
 from __future__ import annotations
 
 import statistics
 
-from specbench import table
-from specbench.interference import foreign_share
+from specbench.core import table
+from specbench.run.interference import foreign_share
 from specbench.metrics import (StepStats, acceptance_metrics, cost_terms, eq14_speedup, position_rates, position_stats,
                                predicted_speedup)
 from specbench.metrics.costmodel import interp_cost
-from specbench.profiling import refit_costs
-from specbench.stats import pooled_speedup_ci
-from specbench.table import Column
+from specbench.run.profiling import refit_costs
+from specbench.core.stats import pooled_speedup_ci
+from specbench.core.table import Column
 
 def uncertainty(records: list[dict], ci) -> dict:
     """Median per-sample speedup, bootstrap CI of the pooled one, and the wide-CI flag; `ci`: the
@@ -184,7 +184,7 @@ def _shared_lines(s: dict) -> list[str]:
     if not sc.get("shared"):
         return []
     return [f"warning: the run shared its cores ({'; '.join(sc['reasons'])}): its timings, speedup and CI "
-            "are not a quiet machine's; run again with the cores to itself (python -m specbench.calibrate checks)"]
+            "are not a quiet machine's; run again with the cores to itself (python -m specbench.tools.calibrate checks)"]
 
 
 def _measurement_lines(s: dict, meta: dict) -> list[str]:
@@ -211,7 +211,7 @@ def _measurement_lines(s: dict, meta: dict) -> list[str]:
     lines += _shared_lines(s)
     if s.get("ci_wide"):
         lines.append(f"warning: the CI spans {100 * s['ci_rel_width']:.0f}% of the speedup: "
-                     "more samples or a quieter machine (python -m specbench.calibrate checks)")
+                     "more samples or a quieter machine (python -m specbench.tools.calibrate checks)")
     return lines
 
 

@@ -26,9 +26,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench.cachedir import cache_dir
-from specbench.errors import SpecBenchError
-from specbench.models.backends import apply_backend, backend_of
+from specbench.core.cachedir import cache_dir
+from specbench.core.errors import SpecBenchError
+from specbench.kernels.backends import apply_backend, backend_of
 
 FORMAT = "specbench-checkpoint/1"
 TRAIN_HINT = {
@@ -76,8 +76,8 @@ def read_json(path: Path, what: str, hint: str):
 
 # -- checkpoints --------------------------------------------------------------------------------
 # trained parts shipped with the package (float16, with their sha256 and the command that made them:
-# specbench/publish.py); found when the cache holds none, so a new user of the embedded model waits for nothing
-PUBLISHED = Path(__file__).resolve().parent / "published_artifacts"
+# specbench/tools/publish.py); found when the cache holds none, so a new user of the embedded model waits for nothing
+PUBLISHED = Path(__file__).resolve().parents[1] / "published_artifacts"
 
 
 def checkpoint_path(kind: str, model_key: str, structure: dict) -> Path:
@@ -110,7 +110,7 @@ def _sha256(path: Path) -> str:
 
 def check_published(path: Path, hint: str) -> None:
     """A shipped artifact loads only with the bytes it shipped with: its sha256 (read afresh, not
-    from provenance's cache) must be the one in the manifest beside it (publish.py), else its
+    from provenance's cache) must be the one in the manifest beside it (tools/publish.py), else its
     metadata's training record would be printed for weights nobody trained that way."""
     path = Path(path).resolve()
     if not path.is_relative_to(PUBLISHED.resolve()):
@@ -342,7 +342,7 @@ def load_skip_result(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise SpecBenchError(f"skip-search result not found: {path}")
-    result = read_json(path, "skip-search result", "python -m specbench.skipsearch model=<name>")
+    result = read_json(path, "skip-search result", "python -m specbench.tools.skipsearch model=<name>")
     skip = result.get("skip") if isinstance(result, dict) else None
     if not isinstance(skip, dict) or not isinstance(skip.get("attn"), list) or not isinstance(skip.get("mlp"), list):
         raise SpecBenchError(f"skip-search result {path} has no skip.attn / skip.mlp lists")

@@ -1,4 +1,4 @@
-"""The typed config schema: for every key a run, `specbench.train` and `specbench.skipsearch` read,
+"""The typed config schema: for every key a run, `specbench.train` and `specbench.tools.skipsearch` read,
 its type, range and whether null is allowed. Defaults are NOT here: conf/*.yaml is their one source
 (a test checks that every shipped key has an entry here and every entry here is shipped or marked
 optional). `config.validate` walks a composed config against these tables; a key without an entry
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specbench.errors import SpecBenchError, bad_value
+from specbench.core.errors import SpecBenchError, bad_value
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes < 2**64; per-sample seeds add the sample index
 THREADS_MAX = 1024
@@ -126,7 +126,7 @@ SEED = INT(0, SEED_MAX)
 PATH = STR(null=True)  # a file or directory; whether it exists is the loader's check
 AUTO_PATH = STR(null=True)  # "auto" or a path, or null
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")  # = specbench.models.DTYPES + auto (tests)
-BACKENDS = ("eager", "mkldnn", "hybrid", "ggml", "ggml_f32", "ggml_q8", "bf16", "qint8")  # = models.backends.BACKENDS
+BACKENDS = ("eager", "mkldnn", "hybrid", "ggml", "ggml_f32", "ggml_q8", "bf16", "qint8")  # = kernels.backends.BACKENDS
 COUNTS = ("consistent", "paper_output", "paper_subset")  # = control.beta_ts.COUNTS
 
 # ------------------------------------------------------------------------------ top level
@@ -158,7 +158,7 @@ TOP = {
     "progress": BOOL(),
     "overwrite": BOOL(),
     "run_name": STR(),
-    "run_dir": STR(empty=True),  # empty: refused by rundir.check_run_dir (config.rules), which says what to give
+    "run_dir": STR(empty=True),  # empty: refused by identity.check_run_dir (config.rules), which says what to give
 }
 
 # ------------------------------------------------------------------------------ task (by name)
@@ -282,7 +282,7 @@ TRAIN = _TRAIN | {
     "first_use.train": Key("table", table=_TRAIN),  # merged over train.* (a subset of its keys)
     **{f"first_use.skip_search.{k}": v for k, v in SKIP_SEARCH.items() if k != "seed"},
 }
-# python -m specbench.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
+# python -m specbench.tools.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
 SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
 
 # ------------------------------------------------------------------------------ engine (by name), vLLM's methods

@@ -1,4 +1,4 @@
-"""`python -m specbench.doctor`: one command for a user with a GPU (`make gpu-check`).
+"""`python -m specbench.tools.doctor`: one command for a user with a GPU (`make gpu-check`).
 
 It writes one report file, section by section (a time limit leaves what was done):
 - versions and the device;
@@ -9,11 +9,11 @@ It writes one report file, section by section (a time limit leaves what was done
   per method and mode, with the sites (file:line) that make them;
 - AR tokens/s in eager and graphs mode beside the bound the device's memory bandwidth puts on it;
 - a GSM8K bench of AR, PLD, SuffixDecoding, EAGLE-3 (the authors' tree), EAGLE-2, EESD and Medusa
-  in both modes, one row per method, the two speedups side by side (specbench/regimes.py).
+  in both modes, one row per method, the two speedups side by side (specbench/tools/regimes.py).
 
 Without a GPU it still runs, says plainly that none was found, and reports the fake-CUDA counts.
 
-    python -m specbench.doctor [--model smollm2-135m|tiny-llama|<hub id or local path>]
+    python -m specbench.tools.doctor [--model smollm2-135m|tiny-llama|<hub id or local path>]
         [--device cuda|cpu] [--samples 10] [--tokens 128] [--seconds 420] [--out doctor_report.md] [--no-tests]
 """
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from specbench.config import CONF_DIR, fail
+from specbench.config.compose import CONF_DIR, fail
 
 REPO = CONF_DIR.parent
 DEVICES = ("cuda", "cpu")
@@ -41,7 +41,7 @@ UNTRAINED = {"medusa": {"tree_from_accuracies": None, "sizes": [2, 2, 1, 1]},
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m specbench.doctor", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specbench.tools.doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="conf/model/<name> or a hub id / local path (model=hf)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per generation in the bench")
@@ -128,7 +128,7 @@ SYNC_METHODS = ["ar", "pld", "suffix", "eagle3", "eagle", "eesd", "medusa"]
 
 def model_cfg(name: str, device: str):
     """The model's settings: conf/model/<name>.yaml, or conf/model/hf.yaml with id=name."""
-    from specbench import settings
+    from specbench.config import settings
 
     over = {"device": device}
     if device == "cuda":
@@ -141,7 +141,7 @@ def model_cfg(name: str, device: str):
 def gsm8k_prompts(target, n: int) -> tuple[list[list[int]], str]:
     """The first n GSM8K test questions as chat prompts: from SPECBENCH_DATA_DIR, else the few the
     tests ship (tests/data, enough for the doctor on a machine without the data)."""
-    from specbench.settings import shipped
+    from specbench.config.settings import shipped
     from specbench.tasks import build_task
 
     data = os.environ.get("SPECBENCH_DATA_DIR", "")
@@ -152,7 +152,7 @@ def gsm8k_prompts(target, n: int) -> tuple[list[list[int]], str]:
 
 
 def methods_to_bench(args) -> dict:
-    from specbench import regimes
+    from specbench.tools import regimes
     from specbench.methods import METHODS
 
     if args.methods == "all":
@@ -164,9 +164,9 @@ def real_syncs(target, methods: dict, tokens: int) -> list[str]:
     """Synchronising calls per decoding step on the real GPU, both modes, with their sites."""
     import torch
 
-    from specbench import regimes
+    from specbench.tools import regimes
     from specbench.models.graphs import precapture
-    from specbench.syncs import count_generation
+    from specbench.tools.syncs import count_generation
 
     prompt = target.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
     rows = ["| method | mode | steps | syncs per step | syncs outside steps | top sites (file:function:line, count) |",
@@ -192,10 +192,10 @@ def real_syncs(target, methods: dict, tokens: int) -> list[str]:
 
 
 def bench(args, log=print) -> list[str]:
-    """Both regimes on GSM8K (specbench/regimes.py) and AR against the bandwidth bound."""
+    """Both regimes on GSM8K (specbench/tools/regimes.py) and AR against the bandwidth bound."""
     import torch
 
-    from specbench import regimes
+    from specbench.tools import regimes
     from specbench.models import load_model
 
     target = load_model(model_cfg(args.model, args.device))
@@ -236,7 +236,7 @@ def bench(args, log=print) -> list[str]:
 def report(args, write=lambda lines: None) -> list[str]:
     gpu, dev = device_lines()
     out = ["# specbench doctor report", "", f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} by "
-           f"`python -m specbench.doctor {' '.join(sys.argv[1:])}`.", "", "## Versions", "", *versions(),
+           f"`python -m specbench.tools.doctor {' '.join(sys.argv[1:])}`.", "", "## Versions", "", *versions(),
            "", "## Device", "", *dev, ""]
     write(out)
     if not args.no_tests:

@@ -1,6 +1,6 @@
 """Typed settings: what each part of a run reads, built once from the validated composed config.
 
-One class per schema table, generated from specbench/schema.py (the one source of types): a frozen
+One class per schema table, generated from specbench/config/schema.py (the one source of types): a frozen
 dataclass whose fields are the table's keys, each with its `schema.Key` in the field's metadata and
 none with a default, since every value comes from the composed YAML (conf/, the one place a default
 is written). A dotted key (`draft.num_layers`) is a field `draft` holding a nested settings object.
@@ -33,10 +33,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from specbench import schema
-from specbench.errors import SpecBenchError
+from specbench.config import schema
+from specbench.core.errors import SpecBenchError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 _CLASSES: dict[str, type] = {}
 _TYPES = {"int": "int", "num": "float", "bool": "bool", "str": "str", "list": "list", "table": "dict", "any": "Any"}
 SOURCE = "_source"  # the instance attribute holding the node a settings object was built from
@@ -147,7 +147,7 @@ def expect(s, what: str) -> None:
     """Parts take settings objects, not config nodes (a DictConfig would read any key it lacks
     through interpolation or a default elsewhere): a TypeError naming the part otherwise."""
     if not dataclasses.is_dataclass(s) or type(s).__module__ != __name__:
-        raise TypeError(f"{what} takes settings (specbench.settings.group / of), not {type(s).__name__}")
+        raise TypeError(f"{what} takes settings (specbench.config.settings.group / of), not {type(s).__name__}")
 
 
 def _run_class() -> type:

@@ -1,6 +1,6 @@
 """What a run was made with beyond its config: the model's weights and every trained artifact.
 
-A run's fingerprint (config.json, specbench/rundir.py) holds `provenance`:
+A run's fingerprint (config.json, specbench/run/rundir.py) holds `provenance`:
   model:     the weights' identity. The embedded GGUF and a local Hugging Face directory: the
              SHA-256 of their files; a hub id: its snapshot's commit; the tiny random Llama: its
              seed and shape are in the config already, its key is recorded.
@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from specbench.cachedir import cache_dir
+from specbench.core.cachedir import cache_dir
 
 CHUNK = 1 << 20
 SHORT = 8  # hex digits of a hash shown in messages and labels
@@ -137,8 +137,8 @@ def artifact_provenance(settings: dict, describe: dict, inputs: dict | None = No
 
 
 def run_provenance(run, target, method) -> dict:
-    """`run`: the run's settings (specbench/settings.py)."""
-    from specbench.settings import record
+    """`run`: the run's settings (specbench/config/settings.py)."""
+    from specbench.config.settings import record
 
     given = {g: record(getattr(run, g)) for g in ("method", "control")}
     return {"model": model_provenance(run.model, target),

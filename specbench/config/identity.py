@@ -1,0 +1,102 @@
+"""A run's identity, read from its config alone (no run module needed): the fingerprint a run dir
+keeps in config.json and compares on resumption, `config_hash` (the default run name's
+`${fingerprint:}` part, registered in specbench/__init__.py), and `check_run_dir`, which the
+config's validation runs before anything is written (the run dir itself: specbench/run/rundir.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config.engines import RUN_FILES as ENGINE_FILES, fingerprint_engine
+from specbench.core.errors import SpecBenchError
+
+# config keys that may differ between a run and its resumption
+RESUMABLE_KEYS = ("num_samples", "progress", "overwrite", "print_summary")
+LOCK = ".lock"
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in RESUMABLE_KEYS:
+        c.pop(k, None)
+        c.get("task", {}).pop(k, None)
+    c.pop("run_dir", None)
+    if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
+        c.pop("timing")
+    if not trains_on_first_use(c):
+        c.pop("train", None)
+    fingerprint_engine(c)
+    return c
+
+
+def trains_on_first_use(c: dict) -> bool:
+    """Whether the `train` group can change what the method runs with: only a method that trains
+    on first use (its conf has `train_if_missing`) reads it. For the others (PLD, REST, suffix ...)
+    it stays out of the identity, so a new first-use budget neither renames their default run dirs
+    nor refuses their resumption."""
+    return "train_if_missing" in (c.get("method") or {})
+
+
+# the files a run dir holds (a directory holding only these, or our config.json, is a run)
+RUN_FILES = {LOCK, "config.json", "config.yaml", "samples.jsonl", "summary.json", "forward_costs.json", "profile.json",
+             *ENGINE_FILES}
+
+
+def config_hash(cfg: DictConfig, exclude=()) -> str:
+    """8 hex digits of the fingerprint of `cfg` without its run name and dir and the dotted keys
+    `exclude`: the default run name's distinguishing part (conf/config.yaml `${fingerprint:}`)."""
+    # unresolved, so that resolving the copy never asks for the run name being computed
+    c = OmegaConf.to_container(cfg, resolve=False)
+    for key in ("run_name", "run_dir", "hydra", *exclude):
+        *parents, leaf = key.split(".")
+        node = c
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    text = json.dumps(fingerprint(OmegaConf.create(c)), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def is_run_config(config) -> bool:
+    """A config.json written by `fingerprint` (a model's config.json has no `method` group)."""
+    return isinstance(config, dict) and isinstance(config.get("method"), dict) and "name" in config["method"]
+
+
+def check_run_dir(path) -> Path:
+    """The run dir as a Path when it may be written: new, empty, or holding a run (our config.json,
+    or only a run's files). Anything else is refused before anything is written into it."""
+    if path is None or not str(path).strip():
+        raise SpecBenchError(f"run_dir={path!r} is empty; give a directory (default: results/runs/<model>/<task>/<run_name>)")
+    p = Path(str(path)).expanduser()
+    if not p.exists():
+        return p
+    if not p.is_dir():
+        raise SpecBenchError(f"run_dir={str(path)!r} is not a directory; choose a new or empty one")
+    try:
+        entries = sorted(e.name for e in p.iterdir())
+    except OSError as e:
+        raise io_error(p, e) from None
+    if not entries or "samples.jsonl" in entries:
+        return p  # empty, or a run's samples (checked against its config.json once locked)
+    if "config.json" in entries:
+        try:
+            ours = is_run_config(json.loads((p / "config.json").read_text()))
+        except (OSError, ValueError, UnicodeDecodeError):
+            ours = False
+    else:
+        ours = set(entries) <= RUN_FILES  # a run's remains (e.g. only its lock)
+    if not ours:
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise SpecBenchError(f"run_dir={str(path)!r} holds files that are not a specbench run ({shown}); "
+                             "choose a new or empty directory")
+    return p
+
+
+def io_error(path: Path, e: OSError) -> SpecBenchError:
+    return SpecBenchError(f"cannot write run dir {path}: {e.strerror or e}")
