@@ -7,6 +7,10 @@ and its bootstrap interval, the cost model's prediction (start-up profile / refi
 own verify steps), v_d, the tokens each verification forward runs over (a tree: every node), tau, how many outputs equal AR's, and the cost split per committed token
 in units of AR's time per token (draft + verify + prefill; with the rest, its sum is 1/speedup):
 the term that makes a method lose; and the whole-run interference check (shared cores or not).
+`decides`: each term's difference from AR's own split (AR's prefill and verify shares of its time
+per token), the largest named first: what the speedup is won or lost on. `sources`: where a
+method with several proposers (SAM-Decoding: retrieval from the generation so far, the static
+corpus, the auxiliary drafter) drafted the tokens that were kept, as shares of them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ def interference(s: dict) -> str:
 
 def verified_per_step(run_dir: Path) -> float | None:
     """Mean tokens the method's verification forwards ran over (a tree: every node; the k of T(k))."""
+    if not (run_dir / "samples.jsonl").is_file():  # a leaderboard cell keeps its summary only
+        return None
     rows = [st[3] for line in (run_dir / "samples.jsonl").read_text().splitlines()
             for st in json.loads(line)["method"].get("steps") or [] if len(st) > 3]
     return sum(rows) / len(rows) if rows else None
@@ -75,6 +81,25 @@ def row(task: str, run: str, s: dict, verified: float | None = None) -> list[str
             interference(s)]
 
 
+def decides(s: dict) -> str:
+    """Each cost term against AR's (units: AR's time per token); the largest change first."""
+    c, ar = s.get("cost_terms") or {}, (s.get("ar") or {}).get("time_share") or {}
+    if not c or not any(c.get(k) for k in ("draft", "verify", "prefill")):
+        return "–"
+    delta = {k: c.get(k, 0.0) - ar.get(k, 0.0) for k in ("draft", "verify", "prefill")}
+    order = sorted(delta, key=lambda k: -abs(delta[k]))
+    return ", ".join(f"{k} {delta[k]:+.2f}" for k in order if abs(delta[k]) >= 0.005) or "none"
+
+
+def sources(s: dict) -> str:
+    """Shares of the kept draft tokens by proposer (summary.draft_sources), or – for a single one."""
+    src = s.get("draft_sources") or {}
+    kept = sum(v.get("kept", 0) for v in src.values())
+    if not kept:
+        return "–"
+    return " / ".join(f"{k} {100 * v.get('kept', 0) / kept:.0f}% ({v.get('steps', 0)} steps)" for k, v in sorted(src.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suites", nargs="+", help="suite directories (<out>/<suite>) or directories of run dirs")
@@ -82,15 +107,18 @@ def main() -> None:
     rows = []
     for suite in args.suites:
         # a suite's <task>/<run>/ dirs, or run dirs directly below (results/bench/eagle3/runs)
-        for path in sorted({*Path(suite).glob("*/*/samples.jsonl"), *Path(suite).glob("*/samples.jsonl")}):
+        # (a leaderboard cell, <task>/<row>/, keeps config.json and summary.json only)
+        found = [*Path(suite).glob("*/*/samples.jsonl"), *Path(suite).glob("*/samples.jsonl"),
+                 *Path(suite).glob("*/*/summary.json"), *Path(suite).glob("*/summary.json")]
+        for path in sorted({p.parent / "samples.jsonl" for p in found}):
             d = path.parent
             summary = d / "summary.json"
             s = json.loads(summary.read_text()) if summary.is_file() else partial_summary(d)
             name = d.name if summary.is_file() else f"{d.name} (stopped after {s['samples']})"
             task = (json.loads((d / "config.json").read_text()).get("task") or {}).get("name", d.parent.name)
-            rows.append(row(task, name, s, verified_per_step(d)))
+            rows.append(row(task, name, s, verified_per_step(d)) + [decides(s), sources(s)])
     print(markdown(["task", "run", "AR tok/s", "speedup [95% CI]", "predicted: profile / refit", "v_d", "verified / step", "tau", "=AR",
-                    "draft + verify + prefill per token (AR = 1)", "interference"], rows))
+                    "draft + verify + prefill per token (AR = 1)", "interference", "decides (vs AR)", "sources of kept drafts"], rows))
 
 
 if __name__ == "__main__":
