@@ -86,7 +86,8 @@ def decides(s: dict) -> str:
     c, ar = s.get("cost_terms") or {}, (s.get("ar") or {}).get("time_share") or {}
     if not c or not any(c.get(k) for k in ("draft", "verify", "prefill")):
         return "–"
-    delta = {k: c.get(k, 0.0) - ar.get(k, 0.0) for k in ("draft", "verify", "prefill")}
+    # every term the method's timer split out (SWIFT's `optimize`: its on-the-fly layer search)
+    delta = {k: c[k] - ar.get(k, 0.0) for k in c if k != "total"}
     order = sorted(delta, key=lambda k: -abs(delta[k]))
     return ", ".join(f"{k} {delta[k]:+.2f}" for k in order if abs(delta[k]) >= 0.005) or "none"
 
