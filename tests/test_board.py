@@ -122,6 +122,18 @@ def test_a_trained_part_no_longer_published_makes_the_cell_stale(folder, tmp_pat
     assert cells["xsum"].trained == ["60 steps (from the measuring host's cache, not published)"] and not cells["xsum"].stale
 
 
+def test_a_corpus_and_its_datastore_are_no_trained_part(folder):
+    """REST's (and SAM-Decoding's) corpus and datastore are pinned by the run's provenance; no training
+    made them: the budget column said "budget not recorded (from the measuring host's cache, ...)"."""
+    d = make_cell(folder, "suffix", "gsm8k", EPYC)
+    config = json.loads((d / "config.json").read_text())
+    config["provenance"]["artifacts"] = {"corpus.0": {"path": "/data/train.jsonl", "sha256": "2" * 64},
+                                         "aux_datastore": {"path": "/c/datastore/x.npz", "sha256": "3" * 64}}
+    (d / "config.json").write_text(json.dumps(config))
+    (cell,) = board.find_cells(board.load_spec(folder), folder)
+    assert cell.trained == [] and not cell.stale
+
+
 def test_a_lean_run_dir_reads_as_the_full_one(folder, tmp_path):
     full = make_cell(folder, "pld", "gsm8k", XEON, m_tps=(150.0, 130.0, 170.0, 120.0), lean=False)
     report([folder], tmp_path / "full")

@@ -222,13 +222,15 @@ def test_a_replaced_exit_layer_is_not_resumed_into(tmp_path, data_dir):
     assert (run_dir / "samples.jsonl").read_text() == samples
 
 
-def test_a_corpus_rewritten_in_place_is_not_resumed_into(tmp_path, data_dir):
+@pytest.mark.parametrize("method", [["method=rest"], ["method=samd", "method.aux=pld"]], ids=["rest", "samd"])
+def test_a_corpus_rewritten_in_place_is_not_resumed_into(tmp_path, data_dir, method):
     """issue 42: `method=rest method.corpus=<file>`, one sample, the corpus rewritten in place, a
-    resumption: sample 2 was drafted from another datastore than sample 1, without a word."""
+    resumption: sample 2 was drafted from another datastore than sample 1, without a word. SAM-Decoding
+    reads the same corpus and datastore for its static automaton (it declared neither)."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text((data_dir / "retrieval_corpus.txt").read_text())
     run_dir = tmp_path / "run"
-    cfg = lambda n: make_cfg(run_dir, data_dir, "method=rest", f"method.corpus=[{corpus}]",  # noqa: E731
+    cfg = lambda n: make_cfg(run_dir, data_dir, *method, f"method.corpus=[{corpus}]",  # noqa: E731
                              f"task.num_samples={n}")
     runner.run(cfg(1))
     artifacts = json.loads((run_dir / "config.json").read_text())["provenance"]["artifacts"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 import torch
-from specbench.methods.datastore import load_or_build
+from specbench.methods.datastore import load_or_build, parse_spec
 from specbench.engine.verify import Proposal
 from specbench.core.errors import SpecBenchError, choice_error
 from specbench.methods.base import METHODS, SpeculativeMethod, register_method
@@ -100,10 +100,11 @@ class SAMDecoding(SpeculativeMethod):
                 at_least = f" >= {lo}" if lo is not None else ""
                 raise SpecBenchError(f"method.{key}={v} is not allowed; expected an integer{at_least}")
             setattr(self, key, v)
-        self.static, self.datastore_path = None, None
+        self.static, self.datastore_path, self.corpus_files = None, None, []
         corpus = list(cfg.corpus or [])
         if corpus:
             data_dir = run.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
+            self.corpus_files = [parse_spec(c, data_dir)[0] for c in corpus]
             store, self.datastore_path = load_or_build(str(run.model_name), target.tokenizer, corpus, data_dir,
                                                        bool(cfg.build_missing))
             self.static = CorpusIndex(store)
@@ -113,6 +114,12 @@ class SAMDecoding(SpeculativeMethod):
         self.sync = sync_rule(self.aux)
         self.sources: list[str] = []  # per step: dynamic | static | aux (methods/sam.py)
         self.aux_proposed = False
+
+    def inputs(self) -> dict:
+        """The static corpus and its datastore (as REST's), and the auxiliary's own inputs: a resume
+        after one changed is refused (run/provenance.py)."""
+        own = {"corpus": self.corpus_files, "datastore": self.datastore_path} if self.static is not None else {}
+        return own | {f"aux_{k}": v for k, v in self.aux.inputs().items()}
 
     def describe(self) -> dict:
         aux = {k: v for k, v in self.aux.describe().items() if k not in ("method", "lossless")}

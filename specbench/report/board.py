@@ -128,12 +128,19 @@ def published_hashes() -> set[str]:
     return out
 
 
+# inputs a method reads that no training made (REST's and SAM-Decoding's corpus and the datastore
+# built from it: Method.inputs()); the run's provenance pins them, the leaderboard's budget column skips them
+DATA_INPUTS = frozenset({"corpus", "datastore"})
+
+
 def trained_parts(run: Run, published: set[str]) -> tuple[list[str], list[str]]:
     """(what the trained parts are: their budgets and where they came from, stale reasons)."""
     budgets = sorted(set(_find(run.meta.get("method_settings") or {}, "trained")))
     notes, stale = [], []
     for key, sha in run.config.items():
         if not (key.startswith("provenance.artifacts.") and key.endswith(".sha256")):
+            continue
+        if key.split(".")[2].removeprefix("aux_") in DATA_INPUTS:  # built from data, not trained: no budget
             continue
         path = str(run.config.get(key[: -len("sha256")] + "path", ""))
         if sha in published:
