@@ -105,6 +105,7 @@ def test_one_table_per_host_missing_and_stale_cells_said_so(folder, tmp_path):
     assert "stale: method.max_depth 24 -> 64" in suffix and "1.70x" not in suffix  # no stale figure shown
     eagle = next(ln for ln in xeon.splitlines() if "(`eagle3-3node`)" in ln)
     assert "1000 steps on 6660 sequences (published)" in eagle and eagle.endswith("| no run | 1.50x [1.50, 1.50], tau 2.50, =AR 2/2 |")
+    assert "(`eagle3-3node`)" not in epyc and "Not measured on this host: `suffix`, `eagle3-3node`." in epyc
     assert (folder / "README.md").read_text().count("**Host:") == 2
     assert board.regenerate(folder, readme, check=True) == []
     make_cell(folder, "pld", "xsum", EPYC)  # a new cell: both generated files are out of date

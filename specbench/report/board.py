@@ -229,14 +229,19 @@ def tables(spec: Spec, cells: list[Cell]) -> str:
     for host in sorted(by_host):
         hc = by_host[host]
         at = {(c.row.name, c.task): c for c in hc}
-        rows = []
+        rows, unmeasured = [], []
         for r in spec.rows:
             mine = [c for c in hc if c.row.name == r.name]
-            trained = "; ".join(dict.fromkeys(t for c in mine for t in c.trained)) or ("-" if mine else "")
+            if not mine:  # a row with no cell on this host is named below its table, not drawn empty
+                unmeasured.append(f"`{r.name}`")
+                continue
+            trained = "; ".join(dict.fromkeys(t for c in mine for t in c.trained)) or "-"
             rows.append([f"{r.label} (`{r.name}`)", trained] +
                         [at[(r.name, t)].text() if (r.name, t) in at else "no run" for t in spec.tasks])
         header = [Column("Method (row)"), Column("Trained part: budget", align="<")] + [TASK_NAMES.get(t, t) for t in spec.tasks]
         out += [f"**Host: {host}** ({_host_line([c.run for c in hc])})", "", markdown(header, rows), ""]
+        if unmeasured:
+            out += [f"Not measured on this host: {', '.join(unmeasured)}.", ""]
     return "\n".join(out)
 
 
