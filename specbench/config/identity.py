@@ -30,8 +30,23 @@ def fingerprint(cfg: DictConfig) -> dict:
         c.pop("timing")
     if not trains_on_first_use(c):
         c.pop("train", None)
+    drop_unset_training_keys(c.get("train"))
     fingerprint_engine(c)
     return c
+
+
+def drop_unset_training_keys(train) -> None:
+    """Training keys added after runs were stored leave the identity while unset (no general
+    prompts, no init), as runs recorded before they existed had them: no run dir is renamed and
+    no stored run refused for a key that changes nothing."""
+    if not isinstance(train, dict):
+        return
+    if train.get("init") is None:
+        train.pop("init", None)
+    data = train.get("data")
+    if isinstance(data, dict) and not data.get("general_prompts"):
+        for k in ("general_prompts", "general_max_prompt_tokens"):
+            data.pop(k, None)
 
 
 def trains_on_first_use(c: dict) -> bool:

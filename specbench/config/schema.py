@@ -261,6 +261,7 @@ _TRAIN = {
     "data.batch_size": INT(1), "data.greedy_fraction": FRACTION(), "data.greedy_prefix": INT(0),
     "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True),
     "data.gen_minutes": POS(null=True),  # a safety cap, null: none (the budget is num_prompts)
+    "data.general_prompts": INT(0), "data.general_max_prompt_tokens": INT(8),
     "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(),
     "feature_cache": CHOICE("float16", "float32", null=True),
     "max_steps": INT(1, null=True), "epochs": INT(1, null=True),  # null: the other bound (not both: the loop says so)
@@ -270,7 +271,7 @@ _TRAIN = {
     "schedule": CHOICE("constant", "cosine"), "warmup_steps": INT(0),
     "checkpoint_every": INT(1, null=True), "eval_every": INT(1, null=True),
     "eval_fraction": NUM(0, 1, hi_open=True),
-    "seed": SEED, "cali": BOOL(),
+    "seed": SEED, "cali": BOOL(), "init": PATH,
     "cali_predictor.max_i": INT(1), "cali_predictor.pairs_per_sequence": INT(1), "cali_predictor.epochs": INT(1),
     "cali_predictor.lr": POS(), "cali_predictor.batch_size": INT(1),
 }

@@ -100,7 +100,7 @@ def find_checkpoint(kind: str, model_key: str, structure: dict) -> Path:
     return shipped if shipped.is_file() else cached
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -121,7 +121,7 @@ def check_published(path: Path, hint: str) -> None:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise SpecBenchError(f"published artifact {path} has no readable manifest {manifest.name} with its sha256 "
                              f"({type(e).__name__}); reinstall specbench, or train your own with `{hint}`") from None
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual != expected:
         raise SpecBenchError(f"published artifact {path} does not match its shipped sha256 ({manifest.name}: "
                              f"{str(expected)[:8]}, file: {actual[:8]}): it was altered after it was published; "

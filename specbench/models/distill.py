@@ -30,12 +30,23 @@ from specbench.config import settings
 from specbench.models.artifacts import cache_dir, read_json, write_json
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
+from specbench.models.general_data import general_prompts
 
 TEMPLATES = (
     "Solve the following problem step by step, then give the final answer.\n\n{q}",
     "Summarize the following text in one sentence.\n\n{q}",
     "Write a Python function that solves the following problem. Reply with the code.\n\n{q}",
 )
+
+
+TEMPLATE_DOMAINS = ("gsm8k-math", "gsm8k-summary", "gsm8k-code")  # what each template's sequences are tagged
+
+
+def domains_of(target: ModelAdapter, dcfg, seed: int) -> list[str] | None:
+    """Each cached sequence's domain (TEMPLATE_DOMAINS, general_data.DOMAINS or gsm8k-original), in the
+    order load_sequences returns them; None for data cached before domains were recorded."""
+    path = sequences_path(target, dcfg, seed)
+    return read_json(path, "self-distillation data", "delete it").get("domains") if path.is_file() else None
 
 
 def read_train_split(data_dir: str | Path | None) -> list[dict]:
@@ -68,6 +79,8 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
 def _desc(target: ModelAdapter, dcfg, seed: int) -> dict:
     caps = ("gen_minutes",)
     given = settings.record(dcfg)
+    if not given.get("general_prompts"):  # GSM8K only: the key the data had before general prompts existed
+        given = {k: v for k, v in given.items() if not k.startswith("general_")}
     return {"model": target.key, **{k: given[k] for k in sorted(given) if k not in caps}, "seed": seed,
             "format": DATA_FORMAT}
 
@@ -98,6 +111,13 @@ def load_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> tuple[lis
     tok = target.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": TEMPLATES[j % len(TEMPLATES)].format(q=rows[i]["question"])}])
                for j, i in enumerate(gen_rows)]
+    domains = [TEMPLATE_DOMAINS[j % len(TEMPLATES)] for j in range(len(prompts))]
+    general = None
+    if dcfg.general_prompts:
+        more, more_domains, general = general_prompts(int(dcfg.general_prompts), seed, data_dir, tok,
+                                                      int(dcfg.general_max_prompt_tokens))
+        print(f"self-distillation data: {len(more)} general-domain prompts, mix {general['mix']}, dropped {general['dropped']}")
+        prompts, domains = prompts + more, domains + more_domains
     journal = sequences_path(target, dcfg, seed, finished=False)
     sequences, stopped = generate(target, prompts, dcfg, seed, journal=journal)
     eos = min(tok.eos_ids) if tok.eos_ids else None
@@ -105,13 +125,16 @@ def load_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> tuple[lis
         p = tok.encode_chat([{"role": "user", "content": TEMPLATES[0].format(q=rows[i]["question"])}])
         a = tok.encode(clean_answer(rows[i]["answer"])) + ([eos] if eos is not None else [])
         sequences.append((p + a, len(p)))
+    # by prompt: generation drops a sequence with no answer, so positions do not line up
+    of_prompt = {tuple(p): d for p, d in zip(prompts, domains)}
+    domains = [of_prompt.get(tuple(s[:st]), "gsm8k-original") for s, st in sequences]
     if not sequences:
         raise SpecBenchError("no self-distillation data: generation produced no sequence and train.data.num_original is 0")
     if stopped:  # not cached as finished: the journal keeps the batches, a rerun continues
         print(f"self-distillation data: generation stopped early by the safety cap train.data.{stopped}; training on "
               f"{len(sequences)} sequences (recorded in the artifact's settings); {journal} keeps the progress")
         return sequences, f"train.data.{stopped}"
-    write_json(path, {"desc": desc, "sequences": sequences})
+    write_json(path, {"desc": desc, "sequences": sequences, "domains": domains} | ({"general": general} if general else {}))
     journal.unlink(missing_ok=True)
     print(f"self-distillation data: {len(sequences)} sequences, {sum(len(s) - st for s, st in sequences)} loss tokens -> {path}")
     return sequences, None

@@ -19,12 +19,15 @@ eagle/traineagle3/cnets.py `Model.forward` does.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import save_checkpoint
+from specbench.models.artifacts import file_sha256, find_checkpoint, save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
-from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, structure_of, tap_layers
+from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, load_eagle3, structure_of, tap_layers
 from specbench.models import ModelAdapter
 from specbench.train.features import target_features
 from specbench.train.loop import eval_loss, pad_batch, pad_id, run_settings, split_held_out, train_loop, with_labels, write_log
@@ -161,6 +164,19 @@ def draft_vocabulary(target: ModelAdapter, sequences, size: int) -> torch.Tensor
                       keep=sorted(target.tokenizer.eos_ids or ()))
 
 
+def start_from(target: ModelAdapter, head: Eagle3Head, mcfg, where, own_vocab: bool) -> dict:
+    """train.init: start from a trained draft (`auto`: the one a run loads, the cache's or the
+    published one; or a path) instead of the target's layers, to fine-tune it on other data.
+    With lm_head=target the vocabulary maps are the new data's: the head's rows are the target's at
+    them (init_from_target), and the fc and decoder layer do not depend on them; with a trained head
+    the maps and the head are the draft's own."""
+    old, _ = load_eagle3(target, replace(mcfg, checkpoint=str(where), allow_untrained=False))
+    keep = {"d2t", "t2d", "lm_head.weight"} if own_vocab else set()
+    head.load_state_dict({k: v for k, v in old.state_dict().items() if k not in keep}, strict=False)
+    path = find_checkpoint("eagle3", target.key, structure_of(mcfg)) if where == "auto" else Path(str(where)).expanduser()
+    return {"from": str(where), "file": path.name, "sha256": file_sha256(path) if path.is_file() else None}
+
+
 first_use("eagle3")(checkpoint_part("the EAGLE-3 draft", "eagle3", structure_of))
 
 
@@ -171,6 +187,7 @@ def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
     head = Eagle3Head(target, layers, draft_vocabulary(target, sequences, draft_size(target, mcfg)))
     head.init_from_target()
     frozen = {"lm_head.weight"} if lm_head_mode(mcfg) == "target" else set()  # the target's rows: not trained, not saved
+    start = start_from(target, head, mcfg, tcfg.init, own_vocab=bool(frozen)) if tcfg.init else None
     for name, p in head.named_parameters():
         p.requires_grad_(name not in frozen)
     head.train()
@@ -192,6 +209,7 @@ def train_eagle3(target: ModelAdapter, cfg, sequences) -> dict:
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after) | {"layers": layers}
+    settings |= {"init": start} if start else {}
     state = {k: v.detach().cpu() for k, v in head.state_dict().items() if k not in frozen}
     path = save_checkpoint("eagle3", target.key, structure_of(mcfg), state, settings)
     write_log(path, log, settings)

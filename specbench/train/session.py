@@ -9,6 +9,7 @@ import os
 import torch
 
 from specbench.core.discover import import_submodules
+from specbench.core.errors import SpecBenchError
 from specbench.models.distill import load_sequences, sequences_hash
 from specbench.train.loop import DATA
 from specbench.train.parts import FIRST_USE
@@ -18,12 +19,18 @@ from specbench.train.trainers import TRAINERS
 # first-use parts of its methods (`first_use`), so a new trainer is its file, listed nowhere
 import_submodules("specbench.train")
 
+INIT_TRAINERS = ("eagle3",)  # trainers that read train.init
+
 __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
 
 def train_model(cfg, target, trainer: str | None = None) -> dict:
     """Train with an already loaded target (`cfg`: the run's settings, specbench/config/settings.py;
     `trainer`: a TRAINERS name, default the method's)."""
+    name = trainer or cfg.method.name
+    if cfg.train.init is not None and name not in INIT_TRAINERS:  # before any data is generated
+        raise SpecBenchError(f"train.init={cfg.train.init!r} (fine-tuning a trained part) is supported by "
+                             f"{', '.join(INIT_TRAINERS)} only, not {name}; set train.init=null")
     data_dir = cfg.task.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
     sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
     cap = cfg.train.max_sequences
@@ -35,6 +42,6 @@ def train_model(cfg, target, trainer: str | None = None) -> dict:
     torch.manual_seed(int(cfg.train.seed))
     token = DATA.set({"sequences": len(sequences), "sha256": sequences_hash(sequences), "stopped_by": stopped})
     try:
-        return TRAINERS[trainer or cfg.method.name](target, cfg, sequences)
+        return TRAINERS[name](target, cfg, sequences)
     finally:
         DATA.reset(token)

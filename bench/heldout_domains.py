@@ -1,0 +1,133 @@
+"""Held-out acceptance of trained drafts, per domain of the training data (issue 44).
+
+    python bench/heldout_domains.py [--methods eagle3,eagle] [--limit N] [--json OUT] <the training command's overrides>
+
+The overrides are the training command's (model=..., train.data.*, train.seed, train.eval_fraction,
+train.max_sequences, method.*): they name the self-distillation data in the cache (generate it
+first with `python -m specbench.train ...`; this script never generates) and its held-out split,
+the same sequences the trainer's curve reads. Every draft a run would load (`checkpoint: auto`:
+the cache's, else the published one; or method.checkpoint=<path>) is scored on each domain's
+held-out sequences, teacher-forced against the target's greedy labels:
+
+- eagle3: top-1 agreement at depths 1..ttt_steps along the accepted path (train/eagle3.py
+  ttt_eval), and the share of labels inside the draft vocabulary (a token outside it is never drafted);
+- eagle: top-1 agreement at depth 1 (train/loop.py eval_loss).
+
+Domains are general_data.DOMAINS for ShareGPT prompts, gsm8k-math/-summary/-code for the GSM8K
+templates and gsm8k-original for the train split's own answers. A draft trained on the GSM8K
+recipe may have seen GSM8K train questions that are held out here; ShareGPT's never.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from specbench.config import settings
+from specbench.config.compose import compose, validate
+from specbench.core.errors import SpecBenchError
+from specbench.models import load_model
+from specbench.models.distill import domains_of, load_sequences, sequences_path
+
+
+def held_out_by_domain(run, target):
+    path = sequences_path(target, run.train.data, int(run.train.seed))
+    if not path.is_file():
+        raise SpecBenchError(f"no self-distillation data at {path}: generate it with `python -m specbench.train` and "
+                             "these overrides first")
+    from specbench.train.loop import split_held_out, with_labels
+    sequences = load_sequences(target, run.train.data, None, int(run.train.seed))[0]
+    cap = run.train.max_sequences
+    sequences = sequences[: int(cap)] if cap else sequences
+    domains = domains_of(target, run.train.data, int(run.train.seed)) or ["unknown"] * len(sequences)
+    of_seq = {tuple(s): d for (s, _), d in zip(sequences, domains)}
+    labelled = with_labels(target, sequences, run.train)
+    train, held = split_held_out(labelled, run.train)
+    groups = defaultdict(list)
+    for s in held:
+        groups[of_seq[tuple(s[0])]].append(s)
+    return train + held, dict(sorted(groups.items()))
+
+
+def score_eagle3(run, target, every, groups, limit):
+    from specbench.methods.eagle3_head import load_eagle3
+    from specbench.train.eagle3 import feature_taps, ttt_eval
+    from specbench.train.features import target_features
+    from specbench.train.loop import pad_id
+    head, info = load_eagle3(target, run.method)
+    head.eval()
+    store = target_features(target, every, feature_taps(head), run.train)
+    in_vocab = set((torch.arange(len(head.d2t)) + head.d2t.cpu().long()).tolist())
+    out = {}
+    for name, held in groups.items():
+        r = ttt_eval(target, head, held, run.train, int(run.method.ttt_steps), float(run.method.step_decay),
+                     pad_id(target), limit=limit, store=store)
+        labels = [t for s, st, lab in held[:limit] for t in lab[st - 1 : len(s) - 1]]
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(a, 4) for a in r["acceptance"]],
+                     "labels_in_draft_vocab": round(sum(t in in_vocab for t in labels) / max(1, len(labels)), 4)}
+    return out, info
+
+
+def score_eagle(run, target, every, groups, limit):
+    from specbench.methods.eagle_head import load_eagle
+    from specbench.train.eagle import eagle_loss
+    from specbench.train.features import target_features
+    from specbench.train.loop import eval_loss, pad_id
+    head, info = load_eagle(target, run.method)
+    head.eval()
+    store = target_features(target, every, ["final"], run.train)
+    mcfg, pad, out = run.method, pad_id(target), {}
+    for name, held in groups.items():
+        loss_fn = lambda ids, labels: eagle_loss(target, head, ids, labels, float(mcfg.loss_reg), float(mcfg.loss_cls),  # noqa: E731
+                                                 str(mcfg.cls_labels), store)
+        _, agree = eval_loss(loss_fn, held, run.train, pad, target.device, limit=limit)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(agree, 4)]}
+    return out, info
+
+
+SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle}
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", default="eagle3,eagle")
+    ap.add_argument("--limit", type=int, default=64, help="held-out sequences per domain at most")
+    ap.add_argument("--json", help="write the table here too")
+    args, overrides = ap.parse_known_args(argv)
+    torch.set_grad_enabled(False)
+    target, report = None, {}
+    for m in args.methods.split(","):
+        if m not in SCORERS:
+            sys.exit(f"specbench: error: --methods {m!r}; allowed: {', '.join(SCORERS)}")
+        cfg = compose([f"method={m}", *[o for o in overrides if not o.startswith("method=")]])
+        validate(cfg)
+        run = settings.of(cfg)
+        if run.threads:
+            torch.set_num_threads(int(run.threads))
+        target = target or load_model(run.model)
+        every, groups = held_out_by_domain(run, target)
+        t0 = time.monotonic()
+        scores, info = SCORERS[m](run, target, every, groups, args.limit)
+        report[m] = {"checkpoint": run.method.checkpoint, "info": {k: str(v) for k, v in info.items()}, "domains": scores}
+        print(f"\n{m} (checkpoint {run.method.checkpoint}; {time.monotonic() - t0:.0f} s)")
+        print(f"| domain | held-out seqs | top-1 by depth | labels in draft vocab |\n|---|---:|---|---:|")
+        for name, r in scores.items():
+            print(f"| {name} | {r['sequences']} | {' '.join(f'{a:.3f}' for a in r['acceptance_by_depth'])} | "
+                  f"{r.get('labels_in_draft_vocab', '')} |")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"argv": argv, "report": report}, f, indent=1)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except SpecBenchError as e:
+        sys.exit(f"specbench: error: {e}")

