@@ -1,6 +1,7 @@
 """Held-out acceptance of trained drafts, per domain of the training data (issue 44).
 
     python bench/heldout_domains.py [--methods eagle3,eagle] [--limit N] [--json OUT] <the training command's overrides>
+                                    [<method>:<override> ...: for that method only, e.g. eagle3:method.checkpoint=<file>]
 
 The overrides are the training command's (model=..., train.data.*, train.seed, train.eval_fraction,
 train.max_sequences, method.*): they name the self-distillation data in the cache (generate it
@@ -52,7 +53,11 @@ def held_out_by_domain(run, target):
     groups = defaultdict(list)
     for s in held:
         groups[of_seq[tuple(s[0])]].append(s)
-    return train + held, dict(sorted(groups.items()))
+    groups = dict(sorted(groups.items()))
+    from specbench.models.general_data import DOMAINS
+    pooled = {"general (pooled)": [s for d in DOMAINS for s in groups.get(d, [])],
+              "gsm8k (pooled)": [s for d, g in groups.items() if d.startswith("gsm8k") for s in g]}
+    return train + held, groups | {k: v for k, v in pooled.items() if v}
 
 
 def score_eagle3(run, target, every, groups, limit):
@@ -97,7 +102,7 @@ SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle}
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="eagle3,eagle")
-    ap.add_argument("--limit", type=int, default=64, help="held-out sequences per domain at most")
+    ap.add_argument("--limit", type=int, default=200, help="held-out sequences per domain at most")
     ap.add_argument("--json", help="write the table here too")
     args, overrides = ap.parse_known_args(argv)
     torch.set_grad_enabled(False)
@@ -105,7 +110,9 @@ def main(argv: list[str]) -> None:
     for m in args.methods.split(","):
         if m not in SCORERS:
             sys.exit(f"specbench: error: --methods {m!r}; allowed: {', '.join(SCORERS)}")
-        cfg = compose([f"method={m}", *[o for o in overrides if not o.startswith("method=")]])
+        mine = [o.split(":", 1)[1] if ":" in o.split("=", 1)[0] else o for o in overrides
+                if not o.startswith("method=") and (":" not in o.split("=", 1)[0] or o.startswith(f"{m}:"))]
+        cfg = compose([f"method={m}", *mine])
         validate(cfg)
         run = settings.of(cfg)
         if run.threads:
