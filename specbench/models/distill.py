@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.config import settings
+from specbench.config.identity import drop_unset_training_keys
 from specbench.models.artifacts import cache_dir, read_json, write_json
 from specbench.core.errors import SpecBenchError
 from specbench.models import ModelAdapter
@@ -79,8 +80,7 @@ def build_sequences(target: ModelAdapter, dcfg, data_dir, seed: int) -> list[tup
 def _desc(target: ModelAdapter, dcfg, seed: int) -> dict:
     caps = ("gen_minutes",)
     given = settings.record(dcfg)
-    if not given.get("general_prompts"):  # GSM8K only: the key the data had before general prompts existed
-        given = {k: v for k, v in given.items() if not k.startswith("general_")}
+    drop_unset_training_keys({"data": given})  # GSM8K only: the key the data had before general prompts existed
     return {"model": target.key, **{k: given[k] for k in sorted(given) if k not in caps}, "seed": seed,
             "format": DATA_FORMAT}
 
