@@ -153,6 +153,18 @@ def test_other_method_into_same_dir_is_refused(copied_run, data_dir):
     assert (copied_run / "samples.jsonl").read_bytes() == before
 
 
+def test_other_config_is_refused_before_the_model_loads(copied_run, data_dir, monkeypatch):
+    """A refused resume costs nothing: no model load, no method build (REST's datastore, a training)."""
+    def boom(*a, **k):
+        raise AssertionError("a refused resume must not load the model or build the method")
+
+    monkeypatch.setattr(runner, "load_model", boom)
+    monkeypatch.setattr(runner, "build_method", boom)
+    monkeypatch.setattr(runner, "ensure_trained", boom)
+    with pytest.raises(SpecBenchError, match="different configuration.*method"):
+        runner.run(make_cfg(copied_run, data_dir, "method=rest"))
+
+
 def test_overwrite_starts_over(copied_run, data_dir):
     summary = runner.run(make_cfg(copied_run, data_dir, "method=pld", "overwrite=true"))
     recs = check_complete(copied_run)

@@ -68,6 +68,34 @@ def _name_stem(name) -> str | None:
     return re.sub(r"-[0-9a-f]{8}$", "", name) if isinstance(name, str) else name
 
 
+def _refuse_other_config(path: Path, old: dict, fp: dict, ignored: set) -> None:
+    if _name_stem(old.get("run_name")) == _name_stem(fp.get("run_name")):
+        ignored = ignored | {"run_name"}
+    diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k not in ignored)
+    if diff:
+        raise SpecBenchError(
+            f"run dir {path} holds results of a different configuration (differs in: {', '.join(diff)}); "
+            "choose another run_name or pass overwrite=true"
+        )
+
+
+def check_resumable(path, cfg: DictConfig, overwrite: bool) -> None:
+    """Refuse, before the model is loaded or the method built (REST's datastore, a first-use
+    training), a run dir whose samples come from another configuration. Only the keys that need
+    no provenance are compared here; `train` and the artifacts' hashes are judged when RunDir
+    opens the dir, after the method is built."""
+    path = Path(path)
+    samples = path / "samples.jsonl"
+    if overwrite or not samples.exists() or samples.stat().st_size == 0:
+        return
+    try:
+        old = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return  # missing or damaged: RunDir says so in its own words
+    if isinstance(old, dict):
+        _refuse_other_config(path, old, fingerprint(cfg), {"provenance", "train"})
+
+
 def read_config(path: Path, missing: str, damaged_suffix: str = "") -> dict:
     """A run dir's config.json (its fingerprint) as a dict; one-line errors when it is missing or
     damaged (`damaged_suffix` says what that means for the caller)."""
@@ -169,15 +197,7 @@ class RunDir:
         old = read_config(self.path, f"run dir {self.path} holds samples but no config.json, so they cannot be checked against "
                                      f"this configuration; {RECOVER}",
                           f"so the samples beside it cannot be checked; {RECOVER}")
-        ignored = {"provenance"} | ({"train"} if _same_training(old, fp) else set())
-        if _name_stem(old.get("run_name")) == _name_stem(fp.get("run_name")):
-            ignored.add("run_name")
-        diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k not in ignored)
-        if diff:
-            raise SpecBenchError(
-                f"run dir {self.path} holds results of a different configuration (differs in: {', '.join(diff)}); "
-                "choose another run_name or pass overwrite=true"
-            )
+        _refuse_other_config(self.path, old, fp, {"provenance"} | ({"train"} if _same_training(old, fp) else set()))
         if "provenance" in fp and (change := describe_change(old.get("provenance"), fp["provenance"])):
             raise SpecBenchError(
                 f"run dir {self.path} holds results made with other weights or inputs: {change}; "

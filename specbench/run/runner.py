@@ -37,7 +37,7 @@ from specbench.models.graphs import precapture
 from specbench.run.profiling import profile_forward
 from specbench.run.provenance import run_provenance
 from specbench.config.identity import check_run_dir
-from specbench.run.rundir import RunDir
+from specbench.run.rundir import RunDir, check_resumable
 from specbench.run.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
@@ -186,6 +186,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     check_mode(str(rs.timing))
     check_backend(rs.model.backend)  # before the run dir is written
     check_run_dir(rs.run_dir)  # a bad path is refused before the model is loaded (again when opened)
+    check_resumable(rs.run_dir, cfg, bool(rs.overwrite))  # ... and another configuration's samples
     if rs.threads:
         torch.set_num_threads(int(rs.threads))
     task = build_task(rs.task)
