@@ -12,7 +12,11 @@ held-out sequences, teacher-forced against the target's greedy labels:
 
 - eagle3: top-1 agreement at depths 1..ttt_steps along the accepted path (train/eagle3.py
   ttt_eval), and the share of labels inside the draft vocabulary (a token outside it is never drafted);
-- eagle: top-1 agreement at depth 1 (train/loop.py eval_loss).
+- eagle: top-1 agreement at depth 1 (train/loop.py eval_loss);
+- medusa (medusa1), hydra: each head's top-1 agreement, head k at "depth" k (the token k+1 places
+  after the last verified one). Medusa's heads read the verified position's state only, so head k's
+  top-1 is its own (train/medusa.py medusa_accuracy); Hydra's head k reads the text's tokens up to
+  its position (teacher-forced, train/hydra.py head_top1), as EAGLE-3's depths read the accepted path.
 
 Domains are general_data.DOMAINS for ShareGPT prompts, gsm8k-math/-summary/-code for the GSM8K
 templates and gsm8k-original for the train split's own answers. A draft trained on the GSM8K
@@ -96,7 +100,37 @@ def score_eagle(run, target, every, groups, limit):
     return out, info
 
 
-SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle}
+def score_medusa(run, target, every, groups, limit):
+    from specbench.methods.medusa import load_heads
+    from specbench.train.loop import pad_id
+    from specbench.train.medusa import medusa_accuracy
+    if run.method.variant != "medusa1":
+        raise SpecBenchError(f"medusa: held-out by domain scores medusa1 heads, not method.variant={run.method.variant}")
+    heads, info = load_heads(target, run.method)
+    heads.eval()
+    out = {}
+    for name, held in groups.items():
+        acc = medusa_accuracy(target, heads, held, run.train, pad_id(target), ranks=1, limit=limit)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(a[0], 4) for a in acc]}
+    return out, info
+
+
+def score_hydra(run, target, every, groups, limit):
+    from specbench.methods.hydra_heads import load_heads
+    from specbench.train.features import target_features
+    from specbench.train.hydra import head_top1
+    from specbench.train.loop import pad_id
+    heads, info = load_heads(target, run.method)
+    heads.eval()
+    store = target_features(target, every, ["final"], run.train)
+    out = {}
+    for name, held in groups.items():
+        acc = head_top1(target, heads, held, run.train, pad_id(target), limit=limit, store=store)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(a, 4) for a in acc]}
+    return out, info
+
+
+SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle, "medusa": score_medusa, "hydra": score_hydra}
 
 
 def main(argv: list[str]) -> None:

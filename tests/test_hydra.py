@@ -24,6 +24,7 @@ WIDE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0
 
 
 def hydra(target, variant="hydra_pp", tree=WIDE, sampling=SamplingConfig(), **kw):
+    kw.setdefault("num_heads", 4)  # the authors' count (the default is 3): these trees reach depth 4
     cfg = method_cfg("hydra", allow_untrained=True, variant=variant, tree=tree, **kw)
     return build("hydra", target, cfg, sampling=sampling)
 
