@@ -10,7 +10,7 @@ Prints, per backend:
   ratio taken inside that round (the machine is shared: absolute times drift, ratios less so);
 - AR tokens/s (greedy, real GSM8K prompts), relative to eager within the same sample;
 - greedy `matches_ar`: how many samples a speculative method (default vanilla SD with an
-  untrained 4-layer draft, K=4: every step verifies 5 tokens) returns exactly AR's tokens,
+  untrained truncated draft, K=4: every step verifies 5 tokens) returns exactly AR's tokens,
   both running the same backend.
 `--profile` also prints torch.profiler's top operators of k=1 and k=8 forwards per backend.
 The table is written to results/bench/backends.md (with the command) and .json.
@@ -74,7 +74,7 @@ def profile_table(target, k: int = 8, context: int = 200, rows: int = 12) -> str
 def method_cfg(args):
     from specbench.config.settings import shipped
 
-    if args.method == "vanilla_sd":  # an untrained 4-layer draft
+    if args.method == "vanilla_sd":  # an untrained truncated draft
         return shipped("method", "vanilla_sd", {"draft": {"num_layers": 4, "checkpoint": None}})
     return shipped("method", args.method)
 

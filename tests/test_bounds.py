@@ -60,7 +60,7 @@ def test_each_bounded_key_past_its_bound_is_refused_naming_it(method, key):
 
 def test_lora_rank_is_bounded_only_where_lora_is_used():
     validate(compose(["model=tiny-llama", "method=medusa", f"method.lora_r={HUGE}"]))  # medusa1: no LoRA
-    validate(compose(["model=tiny-llama", "method=space", f"method.lora_r={HUGE}"]))  # lora: false
+    validate(compose(["model=tiny-llama", "method=space", "method.lora=false", f"method.lora_r={HUGE}"]))  # full fine-tuning
 
 
 @pytest.mark.parametrize("key", sorted(bounds.SIZES["control"]))

@@ -1,6 +1,8 @@
 """SPACE: greedy output equals AR on the same (fine-tuned) weights, SAR-SFT lowers the loss,
 a checkpoint reloads to identical outputs, the runner's baseline contract."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -8,9 +10,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import specbench.train.space  # noqa: F401 - registers the trainer
 from specbench.engine.sampling import SamplingConfig
 from specbench.core.errors import SpecBenchError
-from specbench.methods.space import MASK
+from specbench.methods.space import MASK, finetuned_copy
+from specbench.models.artifacts import read_checkpoint
 from specbench.train.space import sar_batch, sar_example, space_logits
-from specbench.train.loop import pad_batch
+from specbench.train.loop import apply_lora, pad_batch
 from specbench.train.trainers import TRAINERS
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model
 from tests.test_medusa import tiny_sequences, train_cfg
@@ -76,6 +79,24 @@ def test_lora_option_trains(tmp_path, monkeypatch):
     m = build("space", target, method_cfg(**mcfg))
     prompt = [0, 5, 6, 7]
     assert m.generate(prompt, 12, frozenset(), 0).tokens == ar_tokens(m.finetuned_adapter, prompt, 12)
+
+    # the checkpoint is the delta (LoRA factors + [M]), not the model, and loading it is peft's model
+    state = read_checkpoint(Path(res["space"]), "")["state"]
+    assert set(state) == {"lora", "mask_embedding"}
+    assert all(k.endswith((".A", ".B")) and ".layers." in k for k in state["lora"])
+    structure = {"k": 2, "lora": True, "lora_r": 4, "lora_alpha": 8}
+    ref = finetuned_copy(target, "ref", structure)
+    peft_model = apply_lora(ref, structure)
+    for name, module in peft_model.named_modules():
+        if hasattr(module, "lora_A") and "default" in module.lora_A:
+            base = name.removeprefix("base_model.model.")
+            module.lora_A["default"].weight.data.copy_(state["lora"][f"{base}.A"])
+            module.lora_B["default"].weight.data.copy_(state["lora"][f"{base}.B"])
+    ids = torch.tensor([[0, 5, 6, 7, MASK, MASK]])
+    with torch.no_grad():
+        want, got = space_logits(ref, m.mask_embed, ids), space_logits(m.finetuned_adapter, m.mask_embed, ids)
+    assert not torch.allclose(got, space_logits(target, m.mask_embed, ids))  # the delta is applied
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
 def test_sampling_runs_and_is_seeded():

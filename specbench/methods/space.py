@@ -88,6 +88,31 @@ def untie_lm_head(model: nn.Module) -> None:
     model.config.tie_word_embeddings = False  # nothing may tie them again
 
 
+def lora_expected(model: nn.Module, r: int) -> dict:
+    """name -> (shape, dtype) of a LoRA delta over every linear layer inside the decoder layers
+    (what `train.loop.apply_lora` adapts): `<module>.A` [r, in], `<module>.B` [out, r]."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and ".layers." in f".{name}":
+            out[f"{name}.A"] = ((r, m.in_features), m.weight.dtype)
+            out[f"{name}.B"] = ((m.out_features, r), m.weight.dtype)
+    return out
+
+
+def merge_lora(model: nn.Module, delta: dict, structure: dict, path, fix: str = "") -> None:
+    """W += (alpha / r) B A for every adapted linear layer (peft's merge, without peft), summed in
+    float64 so that the merged weights do not depend on the checkpoint's float16/float32 dtype order."""
+    r, alpha = int(structure["lora_r"]), int(structure["lora_alpha"])
+    check_state(delta, lora_expected(model, r), path, fix)
+    with torch.no_grad():
+        for key in delta:
+            if key.endswith(".A"):
+                name = key[:-2]
+                w = model.get_submodule(name).weight
+                d = delta[f"{name}.B"].double() @ delta[key].double() * (alpha / r)
+                w.copy_((w.double() + d.to(w.device)).to(w.dtype))
+
+
 def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missing: str) -> tuple[ModelAdapter, dict | None]:
     """A frozen fine-tuned copy of `target` from checkpoint `kind` (SPACE, Medusa-2) and the
     checkpoint (None when untrained and allowed); `missing` is the error when there is none."""
@@ -98,7 +123,9 @@ def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missin
     if ckpt is None and not allow:
         raise SpecBenchError(missing)
     ft = finetuned_copy(target, kind if ckpt is not None else f"{kind}-untrained", structure)
-    if ckpt is not None:
+    if ckpt is not None and "lora" in ckpt["state"]:
+        merge_lora(ft.model, ckpt["state"]["lora"], structure, ckpt["path"], ckpt["fix"])
+    elif ckpt is not None:
         state = ckpt["state"].get("model")
         check_state(state, expected_state(ft.model), ckpt["path"], ckpt["fix"])
         head, emb = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")

@@ -313,3 +313,16 @@ def apply_lora(ft: ModelAdapter, structure: dict):
         # (FutureWarning: use `is_activation_checkpointing`); not our call, and our copy is never checkpointed
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         return get_peft_model(ft.model, conf)
+
+
+def lora_delta(peft_model) -> dict:
+    """The trained LoRA factors of `apply_lora`'s model, named by the adapted module in the plain
+    model (`<module>.A` [r, in], `<module>.B` [out, r]): what `methods.space.merge_lora` adds back
+    onto a copy of the target. A few MB where the merged model is the whole target."""
+    out = {}
+    for name, module in peft_model.named_modules():
+        if hasattr(module, "lora_A") and "default" in module.lora_A:
+            base = name.removeprefix("base_model.model.")
+            out[f"{base}.A"] = module.lora_A["default"].weight.detach().cpu()
+            out[f"{base}.B"] = module.lora_B["default"].weight.detach().cpu()
+    return out
