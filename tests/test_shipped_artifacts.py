@@ -144,7 +144,8 @@ def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_not
     assert m.info["exit_trained"] and m.info["checkpoint"] == str(shipped[0])
 
 
-SHIPPED_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "eesd": "eesd", "cali": "eesd", "medusa": "medusa", "hydra": "hydra"}  # kind -> the method loading it
+SHIPPED_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "eesd": "eesd", "cali": "eesd", "medusa": "medusa", "hydra": "hydra",
+                   "vanilla_draft": "vanilla_sd", "space": "space"}  # kind -> the method loading it
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
@@ -158,5 +159,7 @@ def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
 
     kind = path.parent.name
     cfg = settings.of(compose([f"method={SHIPPED_METHODS[kind]}"]))
-    target = types.SimpleNamespace(key=path.parent.parent.name)
+    # every part ships for the embedded model (30 decoder layers: vanilla-SD's `num_layers: auto` reads it)
+    assert path.parent.parent.name.startswith("smollm2-135m-")
+    target = types.SimpleNamespace(key=path.parent.parent.name, num_layers=30)
     assert path in [p.path for p in every[cfg.method.name](cfg, target)]
