@@ -17,6 +17,10 @@ held-out sequences, teacher-forced against the target's greedy labels:
   after the last verified one). Medusa's heads read the verified position's state only, so head k's
   top-1 is its own (train/medusa.py medusa_accuracy); Hydra's head k reads the text's tokens up to
   its position (teacher-forced, train/hydra.py head_top1), as EAGLE-3's depths read the accepted path.
+- vanilla_sd: the draft's top-1 agreement at depth 1 (its training loss, trainers.vanilla_draft_loss);
+- space: mask j's top-1 at "depth" j, at 4 seeded random cuts per sequence (train/space.py mask_top1);
+  the fine-tuned model's own labels are the target's, so this is the candidates' accuracy against the
+  base model's greedy text, not against the fine-tuned model's (which its AR baseline decodes).
 
 Domains are general_data.DOMAINS for ShareGPT prompts, gsm8k-math/-summary/-code for the GSM8K
 templates and gsm8k-original for the train split's own answers. A draft trained on the GSM8K
@@ -130,7 +134,32 @@ def score_hydra(run, target, every, groups, limit):
     return out, info
 
 
-SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle, "medusa": score_medusa, "hydra": score_hydra}
+def score_vanilla_sd(run, target, every, groups, limit):
+    from specbench.methods.vanilla_sd import build_draft
+    from specbench.train.loop import eval_loss, pad_id
+    from specbench.train.trainers import vanilla_draft_loss
+    draft, info = build_draft(target, run.method.draft)
+    loss_fn, out = vanilla_draft_loss(draft), {}
+    for name, held in groups.items():
+        _, agree = eval_loss(loss_fn, held, run.train, pad_id(target), target.device, limit=limit)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(agree, 4)]}
+    return out, info
+
+
+def score_space(run, target, every, groups, limit):
+    from specbench.methods.space import load_space
+    from specbench.train.loop import pad_id
+    from specbench.train.space import mask_top1
+    ft, mask_embed, info = load_space(target, run.method)
+    out = {}
+    for name, held in groups.items():
+        acc = mask_top1(ft, mask_embed, held, run.train, info["k"], pad_id(target), limit=limit)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(a, 4) for a in acc]}
+    return out, info
+
+
+SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle, "medusa": score_medusa, "hydra": score_hydra,
+           "vanilla_sd": score_vanilla_sd, "space": score_space}
 
 
 def main(argv: list[str]) -> None:

@@ -26,6 +26,7 @@ from specbench.train.loop import (
     eval_loss,
     lora_delta,
     loss_value,
+    pad_batch,
     pad_id,
     run_settings,
     split_held_out,
@@ -80,6 +81,28 @@ def space_loss(ft: ModelAdapter, mask_embed, ids, labels) -> torch.Tensor:
         return logits.sum() * 0.0, (0, 0)
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
     return loss, agreement(logits.detach(), labels)
+
+
+@torch.no_grad()
+def mask_top1(ft: ModelAdapter, mask_embed, held, tcfg, k: int, pad: int, limit: int = 64, cuts: int = 4,
+              seed: int = 0) -> list[float]:
+    """Held-out top-1 of mask j = 1..k against its label (the token j places after the one the last
+    real position predicts): candidate j's own accuracy, as Medusa's head j. `cuts` random cuts per
+    sequence (sar_batch's, p_ar 0), the same ones for every model (seeded)."""
+    rng, hits, seen = random.Random(seed), [0] * k, [0] * k
+    for s in held[:limit]:
+        ids, labels = pad_batch([s], int(tcfg.max_len), pad, ft.device)
+        for _ in range(cuts):
+            x, y = sar_batch(ids, labels, k, 0.0, rng, pad)
+            row = x[0].tolist()
+            if MASK not in row:
+                break  # no cut with k labelled positions after it
+            m = row.index(MASK)
+            pred = space_logits(ft, mask_embed, x)[0, m : m + k].argmax(-1)
+            for j in range(k):
+                hits[j] += int(pred[j] == y[0, m + j])
+                seen[j] += 1
+    return [h / max(1, n) for h, n in zip(hits, seen)]
 
 
 first_use("space")(checkpoint_part("the SPACE SAR-SFT weights", "space", space_structure))

@@ -202,6 +202,13 @@ def draft_parts(cfg, target):
                            "vanilla_sd", "draft.checkpoint")(cfg, target)
 
 
+def vanilla_draft_loss(draft: ModelAdapter):
+    """The draft's next-token loss on its own cache-free forward (what training and scoring read)."""
+    def loss_fn(ids, labels):
+        return ce_loss(draft.head(draft.run_layers(draft.embed(ids), None)), labels)
+    return loss_fn
+
+
 @trainer("vanilla_sd")
 def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
     dcfg, tcfg = cfg.method.draft, cfg.train
@@ -212,11 +219,7 @@ def train_vanilla_draft(target: ModelAdapter, cfg, sequences) -> dict:
     for p in trainable:
         p.requires_grad_(True)
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
-
-    def loss_fn(ids, labels):
-        h = draft.run_layers(draft.embed(ids), None)
-        return ce_loss(draft.head(h), labels)
-
+    loss_fn = vanilla_draft_loss(draft)
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
     log, stopped = train_loop("vanilla draft", trainable, loss_fn, train, tcfg, pad, target.device,
