@@ -20,7 +20,8 @@ held-out sequences, teacher-forced against the target's greedy labels:
 - vanilla_sd: the draft's top-1 agreement at depth 1 (its training loss, trainers.vanilla_draft_loss);
 - space: mask j's top-1 at "depth" j, at 4 seeded random cuts per sequence (train/space.py mask_top1);
   the fine-tuned model's own labels are the target's, so this is the candidates' accuracy against the
-  base model's greedy text, not against the fine-tuned model's (which its AR baseline decodes).
+  base model's greedy text, not against the fine-tuned model's (which its AR baseline decodes);
+  beside it, the fine-tuned model's own top-1 against those labels (how far SAR-SFT moved the model).
 
 Domains are general_data.DOMAINS for ShareGPT prompts, gsm8k-math/-summary/-code for the GSM8K
 templates and gsm8k-original for the train split's own answers. A draft trained on the GSM8K
@@ -148,13 +149,17 @@ def score_vanilla_sd(run, target, every, groups, limit):
 
 def score_space(run, target, every, groups, limit):
     from specbench.methods.space import load_space
-    from specbench.train.loop import pad_id
-    from specbench.train.space import mask_top1
+    from specbench.train.loop import eval_loss, pad_id
+    from specbench.train.space import mask_top1, space_loss
     ft, mask_embed, info = load_space(target, run.method)
-    out = {}
+    out, pad = {}, pad_id(target)
     for name, held in groups.items():
-        acc = mask_top1(ft, mask_embed, held, run.train, info["k"], pad_id(target), limit=limit)
-        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(a, 4) for a in acc]}
+        acc = mask_top1(ft, mask_embed, held, run.train, info["k"], pad, limit=limit)
+        # how far fine-tuning moved the model: its top-1 against the base target's greedy labels, no masks
+        _, ar = eval_loss(lambda ids, labels: space_loss(ft, mask_embed, ids, labels), held, run.train, pad,
+                          target.device, limit=limit)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(a, 4) for a in acc],
+                     "finetuned_agrees_with_target": round(ar, 4)}
     return out, info
 
 
@@ -184,12 +189,14 @@ def main(argv: list[str]) -> None:
         every, groups = held_out_by_domain(run, target)
         t0 = time.monotonic()
         scores, info = SCORERS[m](run, target, every, groups, args.limit)
-        report[m] = {"checkpoint": run.method.checkpoint, "info": {k: str(v) for k, v in info.items()}, "domains": scores}
-        print(f"\n{m} (checkpoint {run.method.checkpoint}; {time.monotonic() - t0:.0f} s)")
+        where = (run.method.draft if m == "vanilla_sd" else run.method).checkpoint
+        report[m] = {"checkpoint": where, "info": {k: str(v) for k, v in info.items()}, "domains": scores}
+        print(f"\n{m} (checkpoint {where}; {time.monotonic() - t0:.0f} s)")
         print(f"| domain | held-out seqs | top-1 by depth | labels in draft vocab |\n|---|---:|---|---:|")
         for name, r in scores.items():
             print(f"| {name} | {r['sequences']} | {' '.join(f'{a:.3f}' for a in r['acceptance_by_depth'])} | "
-                  f"{r.get('labels_in_draft_vocab', '')} |")
+                  f"{r.get('labels_in_draft_vocab', '')} |" + (f" fine-tuned model agrees with the target: "
+                  f"{r['finetuned_agrees_with_target']:.3f}" if "finetuned_agrees_with_target" in r else ""))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

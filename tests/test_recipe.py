@@ -164,10 +164,11 @@ def test_an_evaluation_leaves_the_training_randomness_alone(data_dir):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("method,depths", [("medusa2", 2), ("eagle3", 3), ("hydra", 2)])
-def test_the_curve_is_logged_against_steps(method, depths, data_dir, tmp_path, monkeypatch):
-    """Held-out acceptance per depth (Medusa/Hydra heads, EAGLE-3's unrolled steps) at steps 0, 3, 6, 7."""
-    path = train_in(tmp_path, monkeypatch, cfg_for(data_dir, method))
+@pytest.mark.parametrize("method,depths,extra", [("medusa2", 2, []), ("eagle3", 3, []), ("hydra", 2, []),
+                                                ("space", 5, ["method.lr=5e-2"])])  # 7 steps at 1e-3 move no mask's argmax
+def test_the_curve_is_logged_against_steps(method, depths, extra, data_dir, tmp_path, monkeypatch):
+    """Held-out acceptance per depth (Medusa/Hydra heads, EAGLE-3's unrolled steps, SPACE's masks) at steps 0, 3, 6, 7."""
+    path = train_in(tmp_path, monkeypatch, cfg_for(data_dir, method, *extra))
     body = json.loads(path.with_suffix(".log.json").read_text())
     assert [p["step"] for p in body["curve"]] == [0, 3, 6, 7]
     assert all(len(p["acceptance"]) == depths and all(0 <= a <= 1 for a in p["acceptance"]) for p in body["curve"])

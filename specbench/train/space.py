@@ -143,8 +143,10 @@ def train_space(target: ModelAdapter, cfg, sequences) -> dict:
             state["rng"] = train_rng
 
     def held_eval():
+        # acceptance: each mask's top-1 (the candidates'); agreement: over every labelled position, which
+        # is mostly plain AR rows, so it tells how far fine-tuning moves the model, not how well it drafts
         loss, agree = held_loss()
-        return {"loss": loss, "acceptance": [agree]}
+        return {"loss": loss, "acceptance": mask_top1(ft, mask_embed, held, tcfg, k, pad, cuts=1), "agreement": agree}
 
     # lr: the paper uses 5e-5 for 7B+ models; method.lr overrides train.lr
 
