@@ -98,10 +98,9 @@ def mask_top1(ft: ModelAdapter, mask_embed, held, tcfg, k: int, pad: int, limit:
             if MASK not in row:
                 break  # no cut with k labelled positions after it
             m = row.index(MASK)
-            pred = space_logits(ft, mask_embed, x)[0, m : m + k].argmax(-1)
-            for j in range(k):
-                hits[j] += int(pred[j] == y[0, m + j])
-                seen[j] += 1
+            right = (space_logits(ft, mask_embed, x)[0, m : m + k].argmax(-1) == y[0, m : m + k]).tolist()  # one read
+            hits = [h + int(r) for h, r in zip(hits, right)]
+            seen = [n + 1 for n in seen]
     return [h / max(1, n) for h, n in zip(hits, seen)]
 
 
