@@ -1,6 +1,8 @@
 import os
+import sys
 from pathlib import Path
 
+import absl.logging
 import pytest
 import torch
 
@@ -8,6 +10,12 @@ import warnguard
 
 # tiny models: one thread is faster than two oversubscribed ones on a loaded 2-core machine
 torch.set_num_threads(1)
+
+# absl.logging (imported by rouge_score, task=xsum) makes its handler at import, on the sys.stderr of that
+# moment: pytest's capture file. Hydra's logging setup (dictConfig) closes every live handler, and absl's
+# closes its stream unless it is the *current* sys.stderr, which under capsys it is not: pytest's capture
+# file would be closed under it. sys.__stderr__ (fd 2, captured all the same) is never closed.
+absl.logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
 
 REPO = Path(__file__).resolve().parents[1]
 # a few records of each task, shipped with the tests (tests/data/README.md: sources, licenses):
