@@ -120,3 +120,37 @@ def test_eesd_loss_on_labelled_rows_equals_the_loss_over_every_row():
     assert (lab == -100).any() and float(full) > 0
     torch.testing.assert_close(got, full, rtol=1e-9, atol=1e-12)
     assert agree == full_agree and agree[1] == int((lab != -100).sum())
+
+
+@pytest.mark.parametrize("kind", [None, "float32"])
+def test_the_soft_loss_is_the_cross_entropy_to_the_targets_whole_distribution(kind):
+    """train.distill=soft: at each labelled position, -sum_v p_target(v) log p_exit(v), with p_target
+    the target's own next-token distribution there (the full model, live or from the store's final
+    state); the agreement still counts the labels."""
+    target, exit_ = target_and_exit()
+    seqs = tiny_sequences(4, length=24)
+    ids, lab = pad_batch(seqs, 32, 0, "cpu")
+    store = store_for(target, seqs, True, kind) if kind else None
+    with torch.no_grad():
+        got, agree = eesd_loss(target, exit_, ids, lab, store, soft=True)
+        hard, hard_agree = eesd_loss(target, exit_, ids, lab, store)
+        terms = []
+        for b in range(ids.shape[0]):
+            keep = lab[b] != -100
+            t_logits, _ = target.forward(ids[b].tolist(), target.new_cache())
+            h_n = target.run_layers(target.embed(ids[b : b + 1]), None, 0, N)
+            d_logits, _ = exit_(target, h_n, None)
+            p = torch.softmax(t_logits[keep], -1)
+            terms.append(-(p * torch.log_softmax(d_logits[0][keep], -1)).sum(-1))
+        want = torch.cat(terms).mean()
+    assert abs(float(got) - float(want)) <= 1e-6 * float(want) and agree == hard_agree
+    assert abs(float(got) - float(hard)) > 1e-3  # not the hard loss
+
+
+def test_train_distill_soft_is_refused_by_the_trainers_that_do_not_read_it():
+    from specbench.core.errors import SpecBenchError
+    from specbench.train.session import train_model
+
+    cfg = _cfg("medusa", ["train.distill=soft"])
+    with pytest.raises(SpecBenchError, match="train.distill='soft' is supported by eesd only, not medusa"):
+        train_model(cfg, tiny_model())

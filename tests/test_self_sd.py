@@ -13,10 +13,12 @@ from specbench.engine.sampling import SamplingConfig, probs
 from specbench.core.errors import SpecBenchError
 from specbench.methods.self_sd import heuristic_skip, resolve_skip
 from specbench.models import LayerSkip, load_model
-from specbench.train.skipsearch import load_result, result_path, save_result, search_skip_set
+from specbench.train.skipsearch import load_result, result_path, save_result, search_control, search_skip_set
 
 EOS = frozenset({1})
 NUM_LAYERS = 4
+FIXED2, FIXED3 = {"name": "fixed", "k": 2}, {"name": "fixed", "k": 3}
+ADAPTIVE = search_control("adaptive", 4, 0.8, 0.9)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -135,7 +137,7 @@ def test_missing_search_result(tmp_path):
 def test_search_writes_a_result_the_method_uses(tmp_path):
     target = tiny()
     prompts = [[5, 6, 7, 8], [40, 41, 42]]
-    result = search_skip_set(target, prompts, iterations=3, max_new_tokens=12, k=3, seed=0, sampler="tpe")
+    result = search_skip_set(target, prompts, iterations=3, max_new_tokens=12, control=FIXED3, seed=0, sampler="tpe")
     assert result["iterations"] == 3 and len(result["trials"]) == 3
     assert result["objective"] == min(t["value"] for t in result["trials"]) and result["objective"] > 0
     assert result["model_key"] == target.key and [p["tokens"] for p in result["prompts"]] == prompts
@@ -165,7 +167,7 @@ def test_interrupted_search_keeps_its_finished_trials(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ss, "time_per_token", timed)
     progress = ss.progress_path(tmp_path / "skip.json")
-    args = dict(iterations=4, max_new_tokens=6, k=2, seed=0, sampler="tpe", progress_file=progress)
+    args = dict(iterations=4, max_new_tokens=6, control=ADAPTIVE, seed=0, sampler="tpe", progress_file=progress)
     stop_at = 4  # interrupted in the third trial: two finished
     with pytest.raises(KeyboardInterrupt):
         search_skip_set(tiny(), [[5, 6, 7]], **args)
@@ -180,7 +182,7 @@ def test_interrupted_search_keeps_its_finished_trials(tmp_path, monkeypatch):
 
 def test_search_gp_sampler():
     pytest.importorskip("scipy")
-    result = search_skip_set(tiny(), [[5, 6, 7]], iterations=3, max_new_tokens=6, k=2, seed=1, sampler="gp")
+    result = search_skip_set(tiny(), [[5, 6, 7]], iterations=3, max_new_tokens=6, control=FIXED2, seed=1, sampler="gp")
     assert len(result["trials"]) == 3 and result["sampler"] == "gp"
 
 
@@ -214,3 +216,117 @@ def test_first_speculative_token_distribution_matches_ar():
     pvalue = chisquare([counts[t] for t in support], expected).pvalue
     print(f"first-draft acceptance {accepted_first / n:.3f}, chi-square p = {pvalue:.3f}")
     assert pvalue > 1e-3
+
+
+def test_confirming_keeps_the_set_with_the_best_median_speedup_not_the_luckiest_timing(monkeypatch):
+    """The search's minimum of single timings is re-timed against AR: a set whose one search timing
+    was lucky loses to one that is faster every time it is re-timed."""
+    import specbench.train.skipsearch as ss
+    from specbench.methods.self_sd import search_summary
+
+    result = search_skip_set(tiny(), [[5, 6, 7]], iterations=3, max_new_tokens=6, control=FIXED2, seed=0, sampler="tpe")
+    trials = [{"number": 0, "value": 1.0, "attn": [1], "mlp": []},   # lucky: 1.0 in the search, 3.0 re-timed
+              {"number": 1, "value": 1.5, "attn": [2], "mlp": [3]},  # 2.0 re-timed
+              {"number": 2, "value": 1.5, "attn": [2], "mlp": [3]},  # the same set again: confirmed once
+              {"number": 3, "value": 9.0, "attn": [], "mlp": [1]}]
+    result |= {"trials": trials, "skip": {"attn": [1], "mlp": []}, "best_trial": 0}
+    retimed = {(1,): 3.0, (2,): 2.0, (): 5.0}
+
+    def timing(method, *a, **kw):
+        attn = tuple(sorted(method.skip.attn)) if hasattr(method, "skip") else None
+        return (4.0 if attn is None else retimed[attn]), {}
+
+    monkeypatch.setattr(ss, "time_per_token", timing)
+    out = ss.confirm_best(tiny(), result, top=3, repeats=2)
+    assert out["skip"] == {"attn": [2], "mlp": [3]} and out["search_best"]["skip"] == {"attn": [1], "mlp": []}
+    assert (out["best_trial"], out["objective"], out["search_best"]["trial"]) == (1, 1.5, 0)
+    cands = out["confirm"]["candidates"]
+    assert [c["trial"] for c in cands] == [0, 1, 3]  # distinct sets, fastest first
+    assert [c["speedups"] for c in cands[:2]] == [[4 / 3, 4 / 3], [2.0, 2.0]] and out["confirm"]["chosen_trial"] == 1
+    assert search_summary(out).endswith("x 6 tokens, K=2; best of 3 re-timed 2x: 2.00x AR")
+    with pytest.raises(SpecBenchError, match="top >= 1 and repeats >= 1"):
+        ss.confirm_best(tiny(), result, top=0, repeats=2)
+
+
+def test_a_published_skip_set_is_found_checked_and_a_local_search_wins(tmp_path, monkeypatch):
+    """issue 44: Self-SD's searched set ships in the package like a trained checkpoint: `skip.source:
+    auto` finds it when the cache holds none (first use searches nothing), its bytes must match the
+    shipped sha256, and a search of one's own in the cache wins over it."""
+    from specbench.config import settings as cfg_settings
+    from specbench.models import artifacts
+    from specbench.tools.publish import publish_skip_set
+    from specbench.train.parts import FIRST_USE
+    from specbench.train.session import FIRST_USE as _every  # noqa: F401 (registers self_sd's part)
+    from tests.helpers import train_run
+
+    monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "empty"))
+    target = tiny()
+    cfg = method_cfg("self_sd").skip
+    assert resolve_skip(target, cfg)[1]["skip_source"] == "heuristic"  # nothing searched, nothing shipped
+    found = {"format": "x", "skip": {"attn": [2], "mlp": [1, 3]}, "model_key": target.key, "iterations": 7,
+             "sampler": "tpe", "prompts": [{"id": "a", "tokens": [1]}], "max_new_tokens": 5, "k": 2,
+             "objective": 0.5, "ar_objective": 0.6}
+    src = save_result(found, tmp_path / "search.json")
+    shipped = publish_skip_set(src, "python -m specbench.tools.skipsearch model=tiny-llama iterations=7")
+    record = json.loads(artifacts.manifest_path(shipped).read_text())
+    assert shipped == artifacts.published_skip_path(target.key) and record["sha256"] == artifacts.file_sha256(shipped)
+    skip, info = resolve_skip(target, cfg)
+    assert skip == LayerSkip(frozenset({2}), frozenset({1, 3})) and info["skip_file"] == str(shipped)
+    assert info["skip_source"] == "search" and info["trained"].startswith("skip search: 7 trials (tpe)")
+    run = train_run({"name": "self_sd", "skip": {"source": "auto", "model": None, "attn": [], "mlp": [],
+                                                 "cache_dir": None, "path": None}})
+    assert [p.path for p in FIRST_USE["self_sd"](cfg_settings.of(run), target)] == [shipped]
+    # a search of one's own wins
+    own = save_result(found | {"skip": {"attn": [0], "mlp": []}}, result_path(None, target.key))
+    assert resolve_skip(target, cfg)[1]["skip_file"] == str(own)
+    own.unlink()
+    # altered after publishing: refused, naming the file
+    shipped.write_text(shipped.read_text().replace('"attn": [\n   2', '"attn": [\n   0'))
+    with pytest.raises(SpecBenchError, match="does not match its shipped sha256"):
+        resolve_skip(target, cfg)
+
+
+def test_the_command_confirms_a_finished_search_without_searching_again(tmp_path, monkeypatch, data_dir):
+    import specbench.tools.skipsearch as tool
+
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
+    out = tmp_path / "skip.json"
+    args = ["model=tiny-llama", "iterations=2", "num_prompts=1", "max_new_tokens=4", "k=2", "progress=false", f"out={out}"]
+    first = tool.main(args)
+    assert "confirm" not in first and load_result(out)["skip"] == first["skip"]
+
+    def no_search(*a, **kw):
+        raise AssertionError("searched again")
+
+    real = tool.search_skip_set
+    monkeypatch.setattr(tool, "search_skip_set", no_search)
+    confirmed = tool.main(args + ["confirm=2", "repeats=1"])
+    assert confirmed["confirm"]["top"] == 2 and load_result(out)["confirm"] == confirmed["confirm"]
+    assert confirmed["trials"] == first["trials"]
+    monkeypatch.setattr(tool, "search_skip_set", real)
+    assert "confirm" not in tool.main([a for a in args if a != "iterations=2"] + ["iterations=3"])  # another setting: searched
+
+
+def test_each_trial_decodes_with_the_authors_search_draft_exit(monkeypatch):
+    """The authors' search times each skip set with their exact_self_speculative_generate defaults: the
+    adaptive threshold from 0.8 towards acceptance 0.9, at most 8 drafts, restarted at every prompt.
+    specbench timed a fixed K=4 instead, under which every set lost to AR on the embedded model."""
+    import specbench.train.skipsearch as ss
+
+    seen = []
+    real = ss.time_per_token
+
+    def spy(method, *a, **kw):
+        seen.append(getattr(method, "controller", None))
+        return real(method, *a, **kw)
+
+    monkeypatch.setattr(ss, "time_per_token", spy)
+    control = search_control("adaptive", 8, 0.8, 0.9)
+    result = search_skip_set(tiny(), [[5, 6, 7]], iterations=2, max_new_tokens=6, control=control, seed=0, sampler="tpe")
+    trials = seen[1:]  # seen[0]: the AR reference
+    assert len(trials) == 2 and all(c.name == "adaptive_threshold" for c in trials)
+    assert all((c.gamma0, c.alpha, c.k_max, c.reset_per_sequence) == (0.8, 0.9, 8, True) for c in trials)
+    assert result["control"] == control and search_control("fixed", 4, 0.8, 0.9) == {"name": "fixed", "k": 4}
+    with pytest.raises(SpecBenchError, match="unknown draft_exit 'x'; allowed: adaptive, fixed"):
+        search_control("x", 4, 0.8, 0.9)

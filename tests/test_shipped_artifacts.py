@@ -163,3 +163,30 @@ def test_every_shipped_artifact_is_what_its_methods_default_config_loads(path):
     assert path.parent.parent.name.startswith("smollm2-135m-")
     target = types.SimpleNamespace(key=path.parent.parent.name, num_layers=30)
     assert path in [p.path for p in every[cfg.method.name](cfg, target)]
+
+
+SHIPPED_SKIP = sorted(artifacts.PUBLISHED.glob("*/self_sd/*.json")) if artifacts.PUBLISHED.is_dir() else []
+SHIPPED_SKIP = [p for p in SHIPPED_SKIP if not p.name.endswith(".sha256.json")]
+
+
+@pytest.mark.parametrize("path", SHIPPED_SKIP, ids=[p.name for p in SHIPPED_SKIP])
+def test_every_shipped_skip_set_matches_its_record_and_is_what_self_sd_loads(path):
+    """issue 44: Self-SD's searched skip set ships like a checkpoint (tools/publish.py): its record holds
+    the sha256 and the search command, and `method=self_sd` (skip.source: auto) with an empty cache loads
+    it for the embedded model, so first use searches nothing."""
+    import types
+
+    from specbench.config.compose import compose
+    from specbench.methods.self_sd import resolve_skip
+    from specbench.train.session import FIRST_USE as every
+
+    info = json.loads(artifacts.manifest_path(path).read_text())
+    result = json.loads(path.read_text())
+    assert info["sha256"] == file_sha256(path) and info["bytes"] == path.stat().st_size
+    assert info["command"].startswith("python -m specbench.tools.skipsearch ") and result["command"] == info["command"]
+    assert info["skip"] == result["skip"] and result["model_key"] == path.parent.parent.name
+    cfg = settings.of(compose(["method=self_sd"]))
+    target = types.SimpleNamespace(key=result["model_key"], name="smollm2-135m", num_layers=result["num_layers"])
+    skip, described = resolve_skip(target, cfg.method.skip)
+    assert described["skip_file"] == str(path) and sorted(skip.attn) == result["skip"]["attn"]
+    assert [p.path for p in every["self_sd"](cfg, target)] == [path]

@@ -262,7 +262,7 @@ _TRAIN = {
     "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True),
     "data.gen_minutes": POS(null=True),  # a safety cap, null: none (the budget is num_prompts)
     "data.general_prompts": INT(0), "data.general_max_prompt_tokens": INT(8),
-    "max_sequences": INT(1), "labels": CHOICE("target", "text"), "lr": POS(),
+    "max_sequences": INT(1), "labels": CHOICE("target", "text"), "distill": CHOICE("hard", "soft"), "lr": POS(),
     "feature_cache": CHOICE("float16", "float32", null=True),
     "max_steps": INT(1, null=True), "epochs": INT(1, null=True),  # null: the other bound (not both: the loop says so)
     "batch_size": INT(1), "max_len": INT(2),
@@ -276,6 +276,7 @@ _TRAIN = {
     "cali_predictor.lr": POS(), "cali_predictor.batch_size": INT(1),
 }
 SKIP_SEARCH = {"iterations": INT(1), "num_prompts": INT(1), "max_new_tokens": INT(1), "k": INT(1),
+               "draft_exit": CHOICE("adaptive", "fixed"), "gamma": FRACTION(), "alpha": FRACTION(),
                "sampler": CHOICE("tpe", "gp"), "seed": SEED}
 TRAIN = _TRAIN | {
     "first_use.loaders": LIST(CHOICE("gguf", "hf", "tiny"), empty=True),
@@ -284,7 +285,7 @@ TRAIN = _TRAIN | {
     **{f"first_use.skip_search.{k}": v for k, v in SKIP_SEARCH.items() if k != "seed"},
 }
 # python -m specbench.tools.skipsearch's own keys (their defaults: conf/skipsearch.yaml)
-SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL()}
+SEARCH = SKIP_SEARCH | {"out": PATH, "progress": BOOL(), "confirm": INT(0), "repeats": INT(1)}
 
 # ------------------------------------------------------------------------------ engine (by name), vLLM's methods
 ENGINES = {

@@ -108,6 +108,12 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def manifest_path(path: Path) -> Path:
+    """The record shipped beside a published artifact: `<name>.json` (a skip set, itself JSON: `<name>.sha256.json`)."""
+    path = Path(path)
+    return path.with_name(path.stem + ".sha256.json") if path.suffix == ".json" else path.with_suffix(".json")
+
+
 def check_published(path: Path, hint: str) -> None:
     """A shipped artifact loads only with the bytes it shipped with: its sha256 (read afresh, not
     from provenance's cache) must be the one in the manifest beside it (tools/publish.py), else its
@@ -115,7 +121,7 @@ def check_published(path: Path, hint: str) -> None:
     path = Path(path).resolve()
     if not path.is_relative_to(PUBLISHED.resolve()):
         return
-    manifest = path.with_suffix(".json")
+    manifest = manifest_path(path)
     try:
         expected = json.loads(manifest.read_text())["sha256"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
@@ -336,6 +342,22 @@ def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> dict | 
 def skip_result_path(dir_, model_key: str) -> Path:
     base = Path(str(dir_)).expanduser() if dir_ else cache_dir() / "self_sd"
     return base / f"{safe_key(model_key)}.json"
+
+
+def published_skip_path(model_key: str) -> Path:
+    """Where a published skip set of this model ships (tools/publish_skipset.py): the search result,
+    with the command that made it; `skip.source: auto|search` falls back to it when the cache holds none."""
+    return PUBLISHED / safe_key(model_key) / "self_sd" / f"{safe_key(model_key)}.json"
+
+
+def find_skip_result(dir_, model_key: str) -> Path:
+    """The cache's search result (a local search wins), else the published one, else the cache path
+    (where a search writes)."""
+    cached = skip_result_path(dir_, model_key)
+    if cached.is_file() or dir_:  # an explicit cache_dir names where to look: no fallback
+        return cached
+    shipped = published_skip_path(model_key)
+    return shipped if shipped.is_file() else cached
 
 
 def load_skip_result(path) -> dict:

@@ -1,10 +1,12 @@
-"""python -m specbench.tools.publish <checkpoint.safetensors> --command "<the command that trained it>"
+"""python -m specbench.tools.publish <checkpoint.safetensors | skip-search result .json> --command "<the command that made it>"
 
 Copies a trained checkpoint from the cache into the package (specbench/published_artifacts/<model
 key>/<kind>/, artifacts.published_path), where `checkpoint: auto` finds it when the cache holds
 none: floating tensors as float16 (the parts run in the target's dtype; float16 halves the file),
 the same metadata (kind, model key, structure, training settings), and beside it `<name>.json`
 with the file's sha256, its size and the exact command (tests/test_shipped_artifacts.py checks both).
+A Self-SD skip-search result (JSON) ships the same way, to <model key>/self_sd/ (its record:
+`<name>.sha256.json`), where `skip.source: auto` finds it when the cache holds none.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from specbench.models.artifacts import _flatten, atomic_write, published_path, read_checkpoint
+from specbench.config.compose import fail
+from specbench.core.errors import SpecBenchError
+from specbench.models.artifacts import (_flatten, atomic_write, load_skip_result, manifest_path, published_path,
+                                        published_skip_path, read_checkpoint, write_json)
 from specbench.run.provenance import file_sha256
 
 
@@ -29,7 +34,21 @@ def publish(src: Path, command: str) -> Path:
     info = {"file": dest.name, "sha256": file_sha256(dest), "bytes": dest.stat().st_size,
             "dtype": "float16", "kind": meta["kind"], "model_key": meta["model_key"], "structure": meta["structure"],
             "command": command, "parameters": sum(v.numel() for v in flat.values() if v.is_floating_point())}
-    dest.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+    manifest_path(dest).write_text(json.dumps(info, indent=1) + "\n")
+    return dest
+
+
+def publish_skip_set(src: Path, command: str) -> Path:
+    """A Self-SD skip-search result (JSON, specbench/train/skipsearch.py) into the package, where
+    `skip.source: auto|search` finds it when the cache holds none; its record is `<name>.sha256.json`."""
+    result = load_skip_result(src)
+    if not result.get("model_key"):
+        raise SpecBenchError(f"skip-search result {src} names no model_key; rerun the search")
+    dest = published_skip_path(result["model_key"])
+    write_json(dest, result | {"command": command})
+    info = {"file": dest.name, "sha256": file_sha256(dest), "bytes": dest.stat().st_size, "kind": "self_sd_skip",
+            "model_key": result["model_key"], "skip": result["skip"], "command": command}
+    manifest_path(dest).write_text(json.dumps(info, indent=1) + "\n")
     return dest
 
 
@@ -38,7 +57,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--command", required=True, help="the exact command that trained it")
     args = ap.parse_args(argv)
-    print(publish(args.checkpoint, args.command))
+    run = publish_skip_set if args.checkpoint.suffix == ".json" else publish
+    try:
+        print(run(args.checkpoint, args.command))
+    except SpecBenchError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

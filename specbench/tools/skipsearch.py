@@ -1,7 +1,9 @@
 """The Self-SD skip-set search's command (the search itself: specbench/train/skipsearch.py).
 
     python -m specbench.tools.skipsearch model=<name> [iterations=50] [num_prompts=4] [max_new_tokens=64]
-        [k=4] [sampler=tpe|gp] [seed=0] [out=<path>] [progress=true] [<any config.yaml override>]
+        [draft_exit=adaptive|fixed] [k=8] [gamma=0.8] [alpha=0.9] [sampler=tpe|gp] [seed=0] [confirm=0] [repeats=3] [out=<path>] [progress=true] [<any config.yaml override>]
+
+A finished search of the same setting at `out` is reused (so `confirm=5` after a search only confirms).
 
 The search's own keys and their defaults: conf/skipsearch.yaml (types: `SEARCH` in
 specbench/config/schema.py); every other key=value is a Hydra override of the run's config.
@@ -20,7 +22,8 @@ from specbench.config.settings import CONF_DIR
 from specbench.core.errors import SpecBenchError
 from specbench.methods.self_sd import model_key
 from specbench.models import load_model
-from specbench.train.skipsearch import gsm8k_train_prompts, progress_path, result_path, save_result, search_skip_set
+from specbench.train.skipsearch import (confirm_best, gsm8k_train_prompts, load_result, progress_path, result_path,
+                                       save_result, search_control, search_skip_set)
 
 # keys of the command line that belong to the search, not to the Hydra config: conf/skipsearch.yaml
 SEARCH_FILE = CONF_DIR / "skipsearch.yaml"
@@ -44,6 +47,23 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, overrides
 
 
+def control_of(opts: dict) -> dict:
+    return search_control(opts["draft_exit"], opts["k"], opts["gamma"], opts["alpha"])
+
+
+def finished(out, target, prompts, opts) -> dict | None:
+    """The search result already at `out` when it is of this exact setting (so `confirm=N` after a
+    search does not search again), else None."""
+    try:
+        r = load_result(out)
+    except SpecBenchError:
+        return None
+    same = (r.get("model_key") == model_key(target) and [p.get("tokens") for p in r.get("prompts") or []] == prompts
+            and all(r.get(k) == opts[k] for k in ("iterations", "max_new_tokens", "seed", "sampler"))
+            and r.get("control") == control_of(opts))
+    return r if same else None
+
+
 def main(argv: list[str] | None = None) -> dict:
 
 
@@ -63,18 +83,31 @@ def main(argv: list[str] | None = None) -> dict:
     target = load_model(run.model)
     prompts, ids = gsm8k_train_prompts(run.task, target.tokenizer, opts["num_prompts"], opts["seed"])
     out = opts["out"] or result_path(run.method.skip.cache_dir, model_key(target))
-    result = search_skip_set(
-        target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], k=opts["k"],
-        seed=opts["seed"], sampler=str(opts["sampler"]), progress=bool(opts["progress"]), prompt_ids=ids,
-        progress_file=progress_path(out),
-    )
+    result = finished(out, target, prompts, opts)
+    if result is None:
+        result = search_skip_set(
+            target, prompts, iterations=opts["iterations"], max_new_tokens=opts["max_new_tokens"], control=control_of(opts),
+            seed=opts["seed"], sampler=str(opts["sampler"]), progress=bool(opts["progress"]), prompt_ids=ids,
+            progress_file=progress_path(out),
+        )
+        save_result(result, out)  # the search is kept before confirming starts
+        progress_path(out).unlink(missing_ok=True)  # done: a later search starts afresh
+    else:
+        print(f"self_sd skip search: the finished search of this setting is reused ({out})")
+    if opts["confirm"] and (result.get("confirm") or {}).get("top") != opts["confirm"]:
+        result = confirm_best(target, result, opts["confirm"], opts["repeats"], progress=bool(opts["progress"]))
     path = save_result(result, out)
-    progress_path(out).unlink(missing_ok=True)  # done: a later search starts afresh
     ar, best = result["ar_objective"], result["objective"]
+    if result.get("confirm"):
+        c = result["confirm"]
+        for x in c["candidates"]:
+            print(f"confirm: trial {x['trial']} (search {1e3 * x['search_value']:.2f} ms/token): speedups over AR "
+                  f"{', '.join(f'{v:.2f}' for v in x['speedups'])}, median {x['median_speedup']:.2f}x")
+        print(f"confirm: kept trial {c['chosen_trial']} (the search's own best was trial {result['search_best']['trial']})")
     print(
-        f"best skip set ({len(result['skip']['attn'])} attention, {len(result['skip']['mlp'])} MLP sub-layers of "
+        f"skip set ({len(result['skip']['attn'])} attention, {len(result['skip']['mlp'])} MLP sub-layers of "
         f"{result['num_layers']} layers): attn={result['skip']['attn']} mlp={result['skip']['mlp']}\n"
-        f"{1e3 * best:.2f} ms/token vs AR {1e3 * ar:.2f} ms/token ({ar / best:.2f}x), "
+        f"its trial in the search: {1e3 * best:.2f} ms/token vs AR {1e3 * ar:.2f} ms/token ({ar / best:.2f}x), "
         f"acceptance {result['best_stats'].get('acceptance')}\n"
         f"saved: {path}  (use: method=self_sd method.skip.source=search)"
     )

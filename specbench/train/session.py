@@ -20,6 +20,7 @@ from specbench.train.trainers import TRAINERS
 import_submodules("specbench.train")
 
 INIT_TRAINERS = ("eagle3",)  # trainers that read train.init
+SOFT_TRAINERS = ("eesd",)  # trainers that read train.distill
 
 __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
@@ -31,6 +32,9 @@ def train_model(cfg, target, trainer: str | None = None) -> dict:
     if cfg.train.init is not None and name not in INIT_TRAINERS:  # before any data is generated
         raise SpecBenchError(f"train.init={cfg.train.init!r} (fine-tuning a trained part) is supported by "
                              f"{', '.join(INIT_TRAINERS)} only, not {name}; set train.init=null")
+    if cfg.train.distill != "hard" and name not in SOFT_TRAINERS:
+        raise SpecBenchError(f"train.distill={cfg.train.distill!r} is supported by {', '.join(SOFT_TRAINERS)} only, "
+                             f"not {name}; set train.distill=hard")
     data_dir = cfg.task.data_dir or os.environ.get("SPECBENCH_DATA_DIR")
     sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
     cap = cfg.train.max_sequences

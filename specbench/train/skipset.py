@@ -4,10 +4,10 @@ the other trained parts, so that first use finds it (specbench/train/parts.py)."
 
 from __future__ import annotations
 
-from specbench.models.artifacts import skip_result_path
+from specbench.models.artifacts import find_skip_result
 from specbench.methods.self_sd import model_key
 from specbench.config.settings import shipped
-from specbench.train.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_skip_set
+from specbench.train.skipsearch import gsm8k_train_prompts, progress_path, save_result, search_control, search_skip_set
 from specbench.train.parts import Part, first_use
 
 
@@ -17,7 +17,7 @@ def search(cfg, target, path) -> None:
     prompts, ids = gsm8k_train_prompts(task, target.tokenizer, int(s.num_prompts), int(cfg.seed))
     # an interrupted first-use search resumes from its finished trials next time
     result = search_skip_set(target, prompts, iterations=int(s.iterations), max_new_tokens=int(s.max_new_tokens),
-                             k=int(s.k), seed=int(cfg.seed), sampler=str(s.sampler), progress=True, prompt_ids=ids,
+                             control=search_control(s.draft_exit, s.k, s.gamma, s.alpha), seed=int(cfg.seed), sampler=str(s.sampler), progress=True, prompt_ids=ids,
                              progress_file=progress_path(path))
     save_result(result | {"model_key": model_key(target), "first_use": True}, path)
     progress_path(path).unlink(missing_ok=True)
@@ -33,6 +33,6 @@ def skip_search_parts(cfg, target):
     skip = cfg.method.skip
     if skip.source not in ("auto", "search") or skip.path or skip.attn or skip.mlp:
         return []
-    path = skip_result_path(skip.cache_dir, model_key(target))
+    path = find_skip_result(skip.cache_dir, model_key(target))  # a published set counts as present
     return [Part("the Self-SD skip set (Bayesian-optimisation search)", path,
                  lambda cfg, target: search(cfg, target, path), search_minutes, "skip_search")]

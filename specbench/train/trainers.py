@@ -71,11 +71,11 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     n = exit_.n_layers
     train, held = split_held_out(with_labels(target, sequences, tcfg), tcfg)
 
-    cali = bool(tcfg.cali)
-    store = target_features(target, train + held, eesd_taps(n, cali), tcfg)
+    cali, soft = bool(tcfg.cali), tcfg.distill == "soft"
+    store = target_features(target, train + held, eesd_taps(n, cali or soft), tcfg)
 
     def loss_fn(ids, labels):
-        return eesd_loss(target, exit_, ids, labels, store)
+        return eesd_loss(target, exit_, ids, labels, store, soft)
 
     pad = pad_id(target)
     before = eval_loss(loss_fn, held, tcfg, pad, target.device)
@@ -93,28 +93,34 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     return result
 
 
-def eesd_taps(n: int, cali: bool) -> list:
+def eesd_taps(n: int, final: bool) -> list:
     """What the EESD trainer reads from the target (train/features.py taps): the input of layer n
-    (the exit layer's input), and for the Cali-TS examples the final-norm state too."""
-    return [n, "final"] if cali else [n]
+    (the exit layer's input), and for the Cali-TS examples or the soft loss the final-norm state too."""
+    return [n, "final"] if final else [n]
 
 
-def eesd_loss(target: ModelAdapter, exit_, ids, labels, store=None):
+def eesd_loss(target: ModelAdapter, exit_, ids, labels, store=None, soft: bool = False):
     """Cross-entropy of the exit layer's logits and (right, counted) agreement with the labels.
-    `store`: the target's cached features (eesd_taps; the layer-n tap first), None or a row not
-    stored: the frozen first n layers run here."""
+    `soft` (train.distill=soft): the cross-entropy is to the target's whole next-token distribution
+    instead of its label (the agreement still counts the label). `store`: the target's cached
+    features (eesd_taps; the layer-n tap first), None or a row not stored: the frozen layers run here."""
     d = target.hidden_size
-    h_n = store.batch(ids, labels) if store is not None else None
-    if h_n is None:
-        with torch.no_grad():  # the first N layers are frozen: no graph through them
-            h_n = target.run_layers(target.embed(ids), None, 0, exit_.n_layers)
-    else:
-        h_n = h_n[..., :d]
+    feats = store.batch(ids, labels) if store is not None else None
+    with torch.no_grad():  # the target's layers are frozen: no graph through them
+        h_n = target.run_layers(target.embed(ids), None, 0, exit_.n_layers) if feats is None else feats[..., :d]
     # the 49k-row head over the labelled positions only (the answer, about half of each sequence):
     # the head is most of a step's cost, and the other rows' logits were never read
     keep = labels != -100
     h = exit_.norm(target.run_layers(h_n, None, layers=[exit_.layer], cache_offset=0))
-    return ce_loss(exit_.logits(h[keep]).unsqueeze(0), labels[keep].unsqueeze(0))
+    logits = exit_.logits(h[keep]).unsqueeze(0)
+    loss, agree = ce_loss(logits, labels[keep].unsqueeze(0))
+    if not soft or not agree[1]:
+        return loss, agree
+    with torch.no_grad():
+        final = target.norm(target.run_layers(h_n, None, exit_.n_layers)) if feats is None or feats.shape[-1] == d \
+            else feats[..., d:]
+        p = torch.softmax(target.lm_head(final[keep]).float(), -1)
+    return -(p * torch.log_softmax(logits[0].float(), -1)).sum(-1).mean(), agree
 
 
 @torch.no_grad()
