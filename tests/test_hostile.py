@@ -100,6 +100,8 @@ CASES = [
     Case("train_batch_zero", ["method=eesd", "model=tiny-llama", "train.batch_size=0"], "train.batch_size=0",
          entry="specbench.train"),
     Case("train_lr_negative", ["method=eesd", "model=tiny-llama", "train.lr=-1"], "train.lr=-1", entry="specbench.train"),
+    Case("train_distill_unknown", ["method=eesd", "model=tiny-llama", "train.distill=kl"], "unknown train.distill 'kl'; allowed: hard, soft",
+         entry="specbench.train"),
     # wrong types, lists where scalars go and back
     Case("num_samples_list", TINY + ["task.num_samples=[1,2]"], "task.num_samples=[1, 2]"),
     Case("control_k_list", TINY + ["control.k=[4]"], "control.k=[4]"),
@@ -179,6 +181,9 @@ CASES = [
          "train.first_use.train.max_minutes=-1", entry="specbench.train"),
     Case("search_iterations_fraction", ["model=tiny-llama", "iterations=2.5"], "iterations=2.5", entry="specbench.tools.skipsearch"),
     Case("search_k_zero", ["model=tiny-llama", "k=0"], "k=0", entry="specbench.tools.skipsearch"),
+    Case("search_draft_exit_unknown", ["model=tiny-llama", "draft_exit=magic"], "unknown draft_exit 'magic'; allowed: adaptive, fixed",
+         entry="specbench.tools.skipsearch"),
+    Case("search_confirm_negative", ["model=tiny-llama", "confirm=-1"], "confirm=-1", entry="specbench.tools.skipsearch"),
     # the real `python -m` path, once per entry point
     Case("subprocess_profile_context", ["profile.context=100000"], "profile.context=100000", subprocess=True),
     Case("subprocess_train_minutes", ["method=eesd", "model=tiny-llama", "train.max_minutes=-1.5"], "train.max_minutes=-1.5",
