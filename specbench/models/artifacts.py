@@ -345,7 +345,7 @@ def skip_result_path(dir_, model_key: str) -> Path:
 
 
 def published_skip_path(model_key: str) -> Path:
-    """Where a published skip set of this model ships (tools/publish_skipset.py): the search result,
+    """Where a published skip set of this model ships (tools/publish.py): the search result,
     with the command that made it; `skip.source: auto|search` falls back to it when the cache holds none."""
     return PUBLISHED / safe_key(model_key) / "self_sd" / f"{safe_key(model_key)}.json"
 

@@ -17,7 +17,8 @@ def search(cfg, target, path) -> None:
     prompts, ids = gsm8k_train_prompts(task, target.tokenizer, int(s.num_prompts), int(cfg.seed))
     # an interrupted first-use search resumes from its finished trials next time
     result = search_skip_set(target, prompts, iterations=int(s.iterations), max_new_tokens=int(s.max_new_tokens),
-                             control=search_control(s.draft_exit, s.k, s.gamma, s.alpha), seed=int(cfg.seed), sampler=str(s.sampler), progress=True, prompt_ids=ids,
+                             control=search_control(s.draft_exit, s.k, s.gamma, s.alpha), seed=int(cfg.seed),
+                             sampler=str(s.sampler), progress=True, prompt_ids=ids,
                              progress_file=progress_path(path))
     save_result(result | {"model_key": model_key(target), "first_use": True}, path)
     progress_path(path).unlink(missing_ok=True)
