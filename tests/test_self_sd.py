@@ -222,7 +222,7 @@ def test_confirming_keeps_the_set_with_the_best_median_speedup_not_the_luckiest_
     """The search's minimum of single timings is re-timed against AR: a set whose one search timing
     was lucky loses to one that is faster every time it is re-timed."""
     import specbench.train.skipsearch as ss
-    from specbench.methods.self_sd import search_summary
+    from specbench.models.artifacts import skip_result_summary as search_summary
 
     result = search_skip_set(tiny(), [[5, 6, 7]], iterations=3, max_new_tokens=6, control=FIXED2, seed=0, sampler="tpe")
     trials = [{"number": 0, "value": 1.0, "attn": [1], "mlp": []},   # lucky: 1.0 in the search, 3.0 re-timed

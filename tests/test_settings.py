@@ -83,15 +83,18 @@ def test_merge_keeps_the_node_as_composed_and_record_returns_it():
 # run_name of each command on main before settings existed (SPECBENCH_DATA_DIR=/fixed/data): the
 # fingerprint is computed from the composed config, as it was
 NAMES = {
-    (): "vanilla_sd-fixed-037d5cb1",
-    ("method=eesd", "control=cali_ts"): "eesd-cali_ts-a25a9154",
-    ("method=eagle3", "task=xsum"): "eagle3-fixed-5280e39b",
+    # session 52 (issue 44): the Self-SD skip search's first-use settings left the identity of every other
+    # method (they never read them) and Self-SD's first-use search took the authors' draft exit, so the names of
+    # the methods that train on first use changed once
+    (): "vanilla_sd-fixed-b60a994d",
+    ("method=eesd", "control=cali_ts"): "eesd-cali_ts-cd4ae2af",
+    ("method=eagle3", "task=xsum"): "eagle3-fixed-4d288901",
     ("model=tiny-llama", "method=samd"): "samd-fixed-5750d722",
     # issue 44 changed medusa's default (share_head: true), so its name changed with it
-    ("method=medusa", "method.variant=medusa2", "model=tiny-llama"): "medusa-fixed-f56c2e39",
+    ("method=medusa", "method.variant=medusa2", "model=tiny-llama"): "medusa-fixed-cef569df",
     ("method=pld", "task=humaneval", "sampling.temperature=0.7"): "pld-fixed-f28b60b6",
     ("engine=vllm", "method=ngram"): "ngram-fixed-4f67c2db",
-    ("method=self_sd", "control=adaptive_threshold", "task=mt_bench"): "self_sd-adaptive_threshold-b4a90eaf",
+    ("method=self_sd", "control=adaptive_threshold", "task=mt_bench"): "self_sd-adaptive_threshold-f21019a3",
     ("method=swift", "model=tiny-llama", "task=jsonl", "task.path=x.jsonl"): "swift-threshold-b9960c19",
 }
 
@@ -213,3 +216,18 @@ def test_no_controller_repeats_a_default_of_its_yaml():
         defaulted = sorted(k for k in keys if k in params and params[k].default is not inspect.Parameter.empty)
         assert not defaulted, f"{name}: {defaulted} have defaults in code"
         assert keys <= set(params), f"{name}: {sorted(keys - set(params))} not taken by its constructor"
+
+
+def test_the_skip_search_settings_are_in_self_sds_identity_only(monkeypatch):
+    """Only Self-SD's first use searches a skip set: its settings must not rename (or refuse to resume) any
+    other method's run; and train.distill at its default (the loss every earlier run trained with) is no part
+    of any run's identity."""
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", "/fixed/data")
+
+    def name(*argv):
+        return compose(engine_argv(list(argv))).run_name
+
+    k = "train.first_use.skip_search.k=3"
+    assert name("method=eesd", "control=cali_ts", k) == name("method=eesd", "control=cali_ts")
+    assert name("method=self_sd", k) != name("method=self_sd")
+    assert name("method=eesd", "train.distill=soft") != name("method=eesd")

@@ -31,6 +31,8 @@ def fingerprint(cfg: DictConfig) -> dict:
     if not trains_on_first_use(c):
         c.pop("train", None)
     drop_unset_training_keys(c.get("train"))
+    if (c.get("method") or {}).get("name") != "self_sd":  # only Self-SD's first use searches a skip set
+        ((c.get("train") or {}).get("first_use") or {}).pop("skip_search", None)
     fingerprint_engine(c)
     return c
 
@@ -43,6 +45,8 @@ def drop_unset_training_keys(train) -> None:
         return
     if train.get("init") is None:
         train.pop("init", None)
+    if train.get("distill") == "hard":  # the loss every run before the key trained with
+        train.pop("distill", None)
     data = train.get("data")
     if isinstance(data, dict) and not data.get("general_prompts"):
         for k in ("general_prompts", "general_max_prompt_tokens"):

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from specbench.models.artifacts import check_published, find_skip_result, load_skip_result, safe_key
+from specbench.models.artifacts import (check_published, find_skip_result, load_skip_result, safe_key,
+                                        skip_result_summary)
 from specbench.core.errors import SpecBenchError
 from specbench.methods.base import SpeculativeMethod, register_method
 from specbench.methods.draft_vocab import subset_head, vocab_subset
@@ -132,23 +133,8 @@ def resolve_skip(target: ModelAdapter, cfg) -> tuple[LayerSkip, dict]:
             check_layers("attn", result["skip"]["attn"], n), check_layers("mlp", result["skip"]["mlp"], n)
         )
         # what made the set, for the run's settings line and the leaderboard's budget column
-        info.update(skip_file=str(path), skip_search_objective=result.get("objective"), trained=search_summary(result))
+        info.update(skip_file=str(path), skip_search_objective=result.get("objective"), trained=skip_result_summary(result))
     return skip, _describe(skip, n, info)
-
-
-def search_summary(result: dict) -> str:
-    """One line of what made this skip set (a run's settings line and the leaderboard's budget column)."""
-    c = result.get("control") or {"name": "fixed", "k": result.get("k")}
-    how = f"K={c['k']}" if c["name"] == "fixed" else f"adaptive exit, K<={c['k_max']}"
-    text = (f"skip search: {result.get('iterations')} trials ({result.get('sampler')}) on {len(result.get('prompts') or [])} "
-            f"GSM8K-train prompts x {result.get('max_new_tokens')} tokens, {how}")
-    confirm = result.get("confirm")
-    if confirm:
-        best = next(x for x in confirm["candidates"] if x["trial"] == confirm["chosen_trial"])
-        text += f"; best of {len(confirm['candidates'])} re-timed {confirm['repeats']}x: {best['median_speedup']:.2f}x AR"
-    elif result.get("objective") and result.get("ar_objective"):
-        text += f"; {result['ar_objective'] / result['objective']:.2f}x AR"
-    return text
 
 
 def _describe(skip: LayerSkip, n: int, info: dict) -> dict:

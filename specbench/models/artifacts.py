@@ -370,3 +370,17 @@ def load_skip_result(path) -> dict:
         raise SpecBenchError(f"skip-search result {path} has no skip.attn / skip.mlp lists")
     return result
 
+
+def skip_result_summary(result: dict) -> str:
+    """One line of what made this skip set (a run's settings line and the leaderboard's budget column)."""
+    c = result.get("control") or {"name": "fixed", "k": result.get("k")}
+    how = f"K={c['k']}" if c["name"] == "fixed" else f"adaptive exit, K<={c['k_max']}"
+    text = (f"skip search: {result.get('iterations')} trials ({result.get('sampler')}) on {len(result.get('prompts') or [])} "
+            f"GSM8K-train prompts x {result.get('max_new_tokens')} tokens, {how}")
+    confirm = result.get("confirm")
+    if confirm:
+        best = next(x for x in confirm["candidates"] if x["trial"] == confirm["chosen_trial"])
+        text += f"; best of {len(confirm['candidates'])} re-timed {confirm['repeats']}x: {best['median_speedup']:.2f}x AR"
+    elif result.get("objective") and result.get("ar_objective"):
+        text += f"; {result['ar_objective'] / result['objective']:.2f}x AR"
+    return text

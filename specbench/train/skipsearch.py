@@ -183,7 +183,7 @@ def search_skip_set(
         raise SpecBenchError("the skip search needs at least one non-empty prompt")
     if sampler not in SAMPLERS:
         raise SpecBenchError(f"unknown sampler {sampler!r}; allowed: {', '.join(SAMPLERS)}")
-    k = int(control.get("k", control.get("k_max", 0)))
+    k = int(control["k"] if control["name"] == "fixed" else control["k_max"])
     if k < 1 or int(max_new_tokens) < 2:
         raise SpecBenchError(f"need k >= 1 and max_new_tokens >= 2, got k={k}, max_new_tokens={max_new_tokens}")
     n = target.num_layers
