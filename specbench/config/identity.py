@@ -31,7 +31,7 @@ def fingerprint(cfg: DictConfig) -> dict:
     if not trains_on_first_use(c):
         c.pop("train", None)
     drop_unset_training_keys(c.get("train"))
-    if (c.get("method") or {}).get("name") != "self_sd":  # only Self-SD's first use searches a skip set
+    if "skip" not in (c.get("method") or {}):  # only a method with a skip set (Self-SD) searches one on first use
         ((c.get("train") or {}).get("first_use") or {}).pop("skip_search", None)
     fingerprint_engine(c)
     return c

@@ -28,6 +28,7 @@ from specbench.methods.vanilla_sd import draft_num_layers
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.train.features import target_features
 from specbench.train.loop import (
+    agreement,
     ce_loss,
     eval_loss,
     pad_id,
@@ -113,9 +114,9 @@ def eesd_loss(target: ModelAdapter, exit_, ids, labels, store=None, soft: bool =
     keep = labels != -100
     h = exit_.norm(target.run_layers(h_n, None, layers=[exit_.layer], cache_offset=0))
     logits = exit_.logits(h[keep]).unsqueeze(0)
-    loss, agree = ce_loss(logits, labels[keep].unsqueeze(0))
-    if not soft or not agree[1]:
-        return loss, agree
+    if not soft or not keep.any():
+        return ce_loss(logits, labels[keep].unsqueeze(0))
+    agree = agreement(logits.detach(), labels[keep].unsqueeze(0))  # the hard cross-entropy is not computed
     with torch.no_grad():
         final = target.norm(target.run_layers(h_n, None, exit_.n_layers)) if feats is None or feats.shape[-1] == d \
             else feats[..., d:]
