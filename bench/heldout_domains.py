@@ -18,6 +18,7 @@ held-out sequences, teacher-forced against the target's greedy labels:
   top-1 is its own (train/medusa.py medusa_accuracy); Hydra's head k reads the text's tokens up to
   its position (teacher-forced, train/hydra.py head_top1), as EAGLE-3's depths read the accepted path.
 - vanilla_sd: the draft's top-1 agreement at depth 1 (its training loss, trainers.vanilla_draft_loss);
+- eesd: the exit layer's top-1 agreement at depth 1 (its training loss, trainers.eesd_loss);
 - space: mask j's top-1 at "depth" j, at 4 seeded random cuts per sequence (train/space.py mask_top1);
   the fine-tuned model's own labels are the target's, so this is the candidates' accuracy against the
   base model's greedy text, not against the fine-tuned model's (which its AR baseline decodes);
@@ -46,19 +47,26 @@ from specbench.models import load_model
 from specbench.models.distill import domains_of, load_sequences, sequences_path
 
 
-def held_out_by_domain(run, target):
+def held_out_by_domain(run, target, unseen_by: int | None = None):
+    """(every sequence, {domain: held-out sequences}); `unseen_by`: also drop the held-out sequences that
+    a run capped at train.max_sequences=unseen_by trained on, so drafts trained on different caps of the
+    same data are scored on text none of them saw (the split depends on the list only, not on labels)."""
     path = sequences_path(target, run.train.data, int(run.train.seed))
     if not path.is_file():
         raise SpecBenchError(f"no self-distillation data at {path}: generate it with `python -m specbench.train` and "
                              "these overrides first")
     from specbench.train.loop import split_held_out, with_labels
-    sequences = load_sequences(target, run.train.data, None, int(run.train.seed))[0]
+    full = load_sequences(target, run.train.data, None, int(run.train.seed))[0]
     cap = run.train.max_sequences
-    sequences = sequences[: int(cap)] if cap else sequences
+    sequences = full[: int(cap)] if cap else full
     domains = domains_of(target, run.train.data, int(run.train.seed)) or ["unknown"] * len(sequences)
     of_seq = {tuple(s): d for (s, _), d in zip(sequences, domains)}
     labelled = with_labels(target, sequences, run.train)
     train, held = split_held_out(labelled, run.train)
+    every = train + held  # the trainer's list, in its order: the feature store's key
+    if unseen_by:
+        seen = {tuple(s) for s, *_ in split_held_out(full[:unseen_by], run.train)[0]}
+        held = [s for s in held if tuple(s[0]) not in seen]
     groups = defaultdict(list)
     for s in held:
         groups[of_seq[tuple(s[0])]].append(s)
@@ -66,7 +74,7 @@ def held_out_by_domain(run, target):
     from specbench.models.general_data import DOMAINS
     pooled = {"general (pooled)": [s for d in DOMAINS for s in groups.get(d, [])],
               "gsm8k (pooled)": [s for d, g in groups.items() if d.startswith("gsm8k") for s in g]}
-    return train + held, groups | {k: v for k, v in pooled.items() if v}
+    return every, groups | {k: v for k, v in pooled.items() if v}
 
 
 def score_eagle3(run, target, every, groups, limit):
@@ -147,6 +155,22 @@ def score_vanilla_sd(run, target, every, groups, limit):
     return out, info
 
 
+def score_eesd(run, target, every, groups, limit):
+    from specbench.methods.eesd import load_early_exit
+    from specbench.train.features import target_features
+    from specbench.train.loop import eval_loss, pad_id
+    from specbench.train.trainers import eesd_loss, eesd_taps
+    exit_, info = load_early_exit(target, run.method)
+    exit_.eval()
+    store = target_features(target, every, eesd_taps(exit_.n_layers, False), run.train)
+    out = {}
+    for name, held in groups.items():
+        _, agree = eval_loss(lambda ids, labels: eesd_loss(target, exit_, ids, labels, store), held, run.train,
+                             pad_id(target), target.device, limit=limit)
+        out[name] = {"sequences": min(limit, len(held)), "acceptance_by_depth": [round(agree, 4)]}
+    return out, info
+
+
 def score_space(run, target, every, groups, limit):
     from specbench.methods.space import load_space
     from specbench.train.loop import eval_loss, pad_id
@@ -164,7 +188,7 @@ def score_space(run, target, every, groups, limit):
 
 
 SCORERS = {"eagle3": score_eagle3, "eagle": score_eagle, "medusa": score_medusa, "hydra": score_hydra,
-           "vanilla_sd": score_vanilla_sd, "space": score_space}
+           "vanilla_sd": score_vanilla_sd, "space": score_space, "eesd": score_eesd}
 
 
 def main(argv: list[str]) -> None:
@@ -172,6 +196,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--methods", default="eagle3,eagle")
     ap.add_argument("--limit", type=int, default=200, help="held-out sequences per domain at most")
     ap.add_argument("--json", help="write the table here too")
+    ap.add_argument("--unseen-by", type=int, metavar="N",
+                    help="drop held-out sequences a run at train.max_sequences=N of the same data trained on")
     args, overrides = ap.parse_known_args(argv)
     torch.set_grad_enabled(False)
     target, report = None, {}
@@ -186,7 +212,7 @@ def main(argv: list[str]) -> None:
         if run.threads:
             torch.set_num_threads(int(run.threads))
         target = target or load_model(run.model)
-        every, groups = held_out_by_domain(run, target)
+        every, groups = held_out_by_domain(run, target, args.unseen_by)
         t0 = time.monotonic()
         scores, info = SCORERS[m](run, target, every, groups, args.limit)
         where = (run.method.draft if m == "vanilla_sd" else run.method).checkpoint
