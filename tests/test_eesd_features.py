@@ -152,5 +152,5 @@ def test_train_distill_soft_is_refused_by_the_trainers_that_do_not_read_it():
     from specbench.train.session import train_model
 
     cfg = _cfg("medusa", ["train.distill=soft"])
-    with pytest.raises(SpecBenchError, match="train.distill='soft' is supported by eesd only, not medusa"):
+    with pytest.raises(SpecBenchError, match="train.distill=.soft. is supported by eesd, space only, not medusa"):
         train_model(cfg, tiny_model())

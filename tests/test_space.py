@@ -157,3 +157,63 @@ def test_mask_rule_eq6_literal_selectable_and_lossless():
     assert m.generate([5, 6, 7], 16, frozenset(), 0).tokens == ar_tokens(target, [5, 6, 7], 16)
     with pytest.raises(SpecBenchError, match="method.mask_rule 'x'; allowed: eq6, group"):
         build("space", target, method_cfg("space", allow_untrained=True, k=2, mask_rule="x"))
+
+
+def test_the_drift_scorer_counts_each_position_once_by_kind_and_sees_a_moved_model():
+    """bench/finetune_drift.py: an unmoved copy agrees everywhere; a copy whose last layer moved does
+    not; positions before start-1 are the prompt, the rest the answer, each counted once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("finetune_drift", Path(__file__).parents[1] / "bench/finetune_drift.py")
+    fd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fd)
+    assert [fd.bucket(x) for x in (0.0, 0.049, 0.05, 0.39, 0.4, 1.0)] == [0, 0, 1, 3, 4, 4]
+    target = tiny_model()
+    seqs = [(s, start, None) for s, start in tiny_sequences(4)]
+    same = fd.drift(target, finetuned_copy(target, "same", {}), seqs, 64)
+    n_prompt = sum(min(start - 1, len(s[:64]) - 1) for s, start, _ in seqs)
+    n_all = sum(len(s[:64]) - 1 for s, _, _ in seqs)
+    assert sum(c[1] for c in same["prompt"]) == n_prompt and sum(c[1] for c in same["answer"]) == n_all - n_prompt
+    assert all(c[0] == c[1] for cells in same.values() for c in cells)
+    moved = finetuned_copy(target, "moved", {})
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in moved.layers[-1].parameters():
+            p.add_(torch.randn_like(p) * p.std())
+    got = fd.drift(target, moved, seqs, 64)
+    assert sum(c[0] for cells in got.values() for c in cells) < n_all
+
+
+def test_soft_targets_align_with_every_sar_row_and_do_not_pull_an_unmoved_copy():
+    """train.distill=soft: at each labelled index of a SAR row (plain positions and masks alike) the
+    target's distribution is the one its label was the argmax of; and on plain rows the soft loss of a
+    copy equal to the target has zero gradient (CE to one's own distribution is minimal), so that term
+    anchors the model instead of sharpening it towards the argmax, which moved the model (docs/training.md)."""
+    import random
+
+    from specbench.methods.space import MaskedEmbed
+    from specbench.train.space import space_loss, target_distribution
+
+    target = tiny_model()
+    seqs = tiny_sequences(4)
+    with torch.no_grad():
+        teacher = [target_distribution(target, torch.tensor([s]))[0].argmax(-1).tolist() for s, _ in seqs]
+    ids, labels = pad_batch([(s, st, t) for (s, st), t in zip(seqs, teacher)], 64, 2, "cpu")
+    probs = target_distribution(target, ids)
+    x, y = sar_batch(ids, labels, 3, 0.0, random.Random(0), 2)
+    assert (x == MASK).any()
+    keep = y != -100
+    assert torch.equal(probs[:, : x.shape[1]][keep].argmax(-1), y[keep])
+
+    ft = finetuned_copy(target, "soft", {})
+    for p in ft.model.parameters():
+        p.requires_grad_(True)
+    with torch.enable_grad():  # an earlier test in the process may have turned it off
+        loss, _ = space_loss(ft, MaskedEmbed(target, 0), ids, labels, probs)
+        loss.backward()
+    assert max(float(p.grad.abs().max()) for p in ft.model.parameters() if p.grad is not None) < 1e-6  # float32 rounding
+    ft.model.zero_grad()
+    with torch.enable_grad():
+        hard, _ = space_loss(ft, MaskedEmbed(target, 0), ids, labels)
+        hard.backward()  # the hard labels do pull it (towards a sharper argmax)
+    assert max(float(p.grad.abs().max()) for p in ft.model.parameters() if p.grad is not None) > 1e-4

@@ -20,7 +20,7 @@ from specbench.train.trainers import TRAINERS
 import_submodules("specbench.train")
 
 INIT_TRAINERS = ("eagle3",)  # trainers that read train.init
-SOFT_TRAINERS = ("eesd",)  # trainers that read train.distill
+SOFT_TRAINERS = ("eesd", "space")  # trainers that read train.distill
 
 __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 

@@ -75,12 +75,27 @@ def space_logits(ft: ModelAdapter, mask_embed, ids) -> torch.Tensor:
     return ft.lm_head(ft.norm(ft.run_layers(mask_embed(ft, ids), None)))
 
 
-def space_loss(ft: ModelAdapter, mask_embed, ids, labels) -> torch.Tensor:
+def space_loss(ft: ModelAdapter, mask_embed, ids, labels, target_probs=None) -> torch.Tensor:
+    """Cross-entropy to the labels, or with `target_probs` [B, >=T, V] (train.distill=soft) to the
+    target's whole distribution at each labelled position; the agreement counts the labels either way."""
     logits = space_logits(ft, mask_embed, ids)
-    if not (labels != -100).any():  # nothing to learn here (e.g. the answer lies past max_len): no NaN
+    keep = labels != -100
+    if not keep.any():  # nothing to learn here (e.g. the answer lies past max_len): no NaN
         return logits.sum() * 0.0, (0, 0)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    if target_probs is None:
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    else:
+        p = target_probs[:, : ids.shape[1]][keep]
+        loss = -(p * torch.log_softmax(logits[keep].float(), -1)).sum(-1).mean()
     return loss, agreement(logits.detach(), labels)
+
+
+@torch.no_grad()
+def target_distribution(target: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
+    """The frozen target's next-token distribution at every position of the plain rows `ids`. Index i
+    of a SAR row holds the target's choice at index i of the row it was cut from (plain position i
+    before the cut; mask j sits at m+j-1 and predicts lab[m+j-1]), so these align with sar_batch's rows."""
+    return torch.softmax(target.lm_head(target.norm(target.run_layers(target.embed(ids), None))).float(), -1)
 
 
 @torch.no_grad()
@@ -131,8 +146,11 @@ def train_space(target: ModelAdapter, cfg, sequences) -> dict:
     train_rng = random.Random(int(tcfg.seed))  # the training cuts (saved with a resume state)
     state = {"rng": train_rng}
 
+    soft = tcfg.distill == "soft"  # the AR rows' loss is then zero at the start: an anchor, not a pull to the argmax
+
     def loss_fn(ids, labels):
-        return space_loss(ft, mask_embed, *sar_batch(ids, labels, k, p_ar, state["rng"], pad))
+        probs = target_distribution(target, ids) if soft else None
+        return space_loss(ft, mask_embed, *sar_batch(ids, labels, k, p_ar, state["rng"], pad), probs)
 
     def held_loss():
         state["rng"] = random.Random(int(tcfg.seed) + 7)  # the same cuts at every evaluation
