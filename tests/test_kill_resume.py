@@ -22,7 +22,7 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, data_dir):
     env = dict(os.environ, SPECBENCH_DATA_DIR=str(data_dir), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable, "-m", "specbench", "-m", "model=tiny-llama", "method=vanilla_sd", "control.k=2,3", "task=gsm8k",
-        "task.num_samples=16", "max_new_tokens=24", "method.draft.num_layers=1", "method.draft.checkpoint=null",
+        "task.num_samples=6", "max_new_tokens=24", "method.draft.num_layers=1", "method.draft.checkpoint=null",
         "profile.enabled=false", "warmup_tokens=2", "progress=false", "threads=1",
         f"run_dir={tmp_path}/runs/k${{control.k}}", f"hydra.sweep.dir={tmp_path}/multirun",
     ]
@@ -34,14 +34,14 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, data_dir):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = first.read_text().splitlines()
-    assert 2 <= len(before) < 16, "the kill should land mid-sweep"
+    assert 2 <= len(before) < 6, "the kill should land mid-sweep"
 
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     for run in ("k2", "k3"):
         recs = _records(tmp_path / "runs" / run / "samples.jsonl")
         ids = [r["id"] for r in recs]
-        assert len(ids) == 16 and len(set(ids)) == 16, ids
+        assert len(ids) == 6 and len(set(ids)) == 6, ids
         assert all(r["matches_ar"] for r in recs)
     # finished samples were kept as they were, not recomputed
     after = first.read_text().splitlines()
@@ -49,22 +49,31 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, data_dir):
     assert after[: len(complete)] == complete
 
 
+def _as_from_a_shell():
+    """The child's SIGINT as a shell gives it (default, unblocked), whatever the test process inherited: a
+    disposition of SIG_IGN or a blocked SIGINT survives exec, and Python then never raises KeyboardInterrupt
+    (under pytest-xdist the run once finished all its samples with the interrupt pending)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_run_is_one_line_keeps_the_samples_and_resumes(tmp_path, data_dir):
     """issue 42: Ctrl-C printed a KeyboardInterrupt traceback. Now one line naming what was kept and the way on,
     exit 130, the lock released (the same command resumes at once), every kept sample line whole."""
     env = dict(os.environ, SPECBENCH_DATA_DIR=str(data_dir), OMP_NUM_THREADS="1")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "specbench", "model=tiny-llama", "method=pld", "task=gsm8k", "task.num_samples=24",
+    cmd = [sys.executable, "-m", "specbench", "model=tiny-llama", "method=pld", "task=gsm8k", "task.num_samples=6",
            "max_new_tokens=32", "profile.enabled=false", "warmup_tokens=2", "progress=false", "threads=1", f"run_dir={run_dir}"]
     samples = run_dir / "samples.jsonl"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_shell)
     deadline = time.monotonic() + 240
     while len(_records(samples)) < 1 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
     kept = samples.read_text().splitlines()
-    assert 1 <= len(kept) < 24, "the interrupt should land mid-run"
+    assert 1 <= len(kept) < 6, "the interrupt should land mid-run"
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == 130, err[-2000:]
     assert lines == [f"specbench: interrupted: {len(kept)} samples kept in {run_dir}; run the same command to resume"], err[-2000:]
@@ -74,4 +83,4 @@ def test_ctrl_c_mid_run_is_one_line_keeps_the_samples_and_resumes(tmp_path, data
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     after = samples.read_text().splitlines()
-    assert after[: len(kept)] == kept and len({json.loads(ln)["id"] for ln in after}) == 24
+    assert after[: len(kept)] == kept and len({json.loads(ln)["id"] for ln in after}) == 6
