@@ -54,7 +54,7 @@ def test_a_poisoned_feature_store_is_computed_again_not_trained_on(tmp_path, mon
 
 def test_features_that_are_not_finite_as_computed_are_never_written(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(features, "prefill", lambda target, seqs, taps: torch.full((sum(map(len, seqs)), 16), math.inf))
+    monkeypatch.setattr(features, "prefill", lambda target, seqs, taps, batch_size=4: torch.full((sum(map(len, seqs)), 16), math.inf))
     tcfg = train_settings(max_len=32, feature_cache="float16")
     with pytest.raises(SpecBenchError, match=r"features at taps \['final'\] hold NaN or infinite values") as e:
         features.target_features(tiny_model(), tiny_sequences(3), ["final"], tcfg)

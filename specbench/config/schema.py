@@ -264,6 +264,7 @@ _TRAIN = {
     "data.general_prompts": INT(0), "data.general_max_prompt_tokens": INT(8),
     "max_sequences": INT(1), "labels": CHOICE("target", "text"), "distill": CHOICE("hard", "soft"), "lr": POS(),
     "feature_cache": CHOICE("float16", "float32", null=True),
+    "prefill_batch_size": INT(1), "matmul": CHOICE("float32", "tf32"),
     "max_steps": INT(1, null=True), "epochs": INT(1, null=True),  # null: the other bound (not both: the loop says so)
     "batch_size": INT(1), "max_len": INT(2),
     # a safety cap, null: none; 0: no optimisation step, which the trainer reports as one line (no checkpoint written)

@@ -131,7 +131,7 @@ def target_features(target: ModelAdapter, sequences, taps, tcfg) -> FeatureStore
         feats, path = found
         print(f"target features: the {[str(t) for t in taps]} columns of {path}", flush=True)
     elif feats is None:
-        feats = prefill(target, [list(k) for k in keys], taps).to(DTYPES[kind])
+        feats = prefill(target, [list(k) for k in keys], taps, int(tcfg.prefill_batch_size)).to(DTYPES[kind])
         if not all_finite(feats):  # never cached: every later training would read it
             raise SpecBenchError(f"the target's features at taps {[str(t) for t in taps]} hold NaN or infinite values as "
                                  f"computed ({kind}): check the model's weights, or store them wider "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+from contextlib import contextmanager
 import math
 import random
 import time
@@ -103,8 +104,27 @@ def default_eval(loss_fn, held, tcfg, pad, device):
     return evaluate
 
 
-def train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=None, *, resume=None, held=None,
-               eval_fn=None, rngs=(), on_resume=None, inputs=None):
+def train_loop(*args, **kwargs):
+    tcfg = args[4] if len(args) > 4 else kwargs["tcfg"]
+    with cuda_matmul(tcfg.matmul):
+        return _train_loop(*args, **kwargs)
+
+
+@contextmanager
+def cuda_matmul(kind: str):
+    """train.matmul: `tf32` lets CUDA's float32 matmuls use TF32 tensor cores for the optimisation and
+    its held-out evaluations only (the labels and features are computed before, in float32); the
+    previous setting comes back after. CPU matmuls are untouched either way."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=None, *, resume=None, held=None,
+                eval_fn=None, rngs=(), on_resume=None, inputs=None):
     """Shared optimisation loop: AdamW, planned steps (planned_steps), learning-rate schedule,
     progress bar, loss log. `groups`: AdamW parameter groups with their own lr (Medusa-2's
     differential rates); default one group. Keyword arguments (all optional):
@@ -231,7 +251,8 @@ def with_labels(target: ModelAdapter, sequences, tcfg):
     if mode != "target":
         raise SpecBenchError(f"unknown train.labels {mode!r}; allowed: target, text")
 
-    return [(s, st, lab) for (s, st), lab in zip(sequences, teacher_labels(target, sequences))]
+    labels = teacher_labels(target, sequences, int(tcfg.prefill_batch_size))
+    return [(s, st, lab) for (s, st), lab in zip(sequences, labels)]
 
 
 def split_held_out(sequences, tcfg):

@@ -27,7 +27,7 @@ from specbench.models.artifacts import all_finite, atomic_write, checkpoint_path
 FORMAT = "specbench-train-resume/1"
 OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")  # AdamW's per-parameter state
 # settings that change how long or how often, never what is computed at a given step
-RUN_ONLY = ("max_minutes", "checkpoint_every", "first_use")
+RUN_ONLY = ("max_minutes", "checkpoint_every", "first_use", "prefill_batch_size")
 
 
 @dataclass
@@ -43,6 +43,8 @@ def resume_for(cfg, kind: str, model_key: str, structure: dict, stage: str) -> R
         return None
     art = checkpoint_path(kind, model_key, structure)
     train = {k: v for k, v in settings.record(cfg.train).items() if k not in RUN_ONLY}
+    if train.get("matmul") == "float32":  # exact, as every state saved before the key existed
+        train.pop("matmul")
     key = {"stage": stage, "model": model_key, "structure": structure, "train": train,
            "method": settings.record(cfg.method)}
     return Resume(art.with_name(f"{art.stem}.{safe_key(stage)}.resume.safetensors"), key)
