@@ -63,6 +63,20 @@ def test_every_method_in_graphs_mode_equals_eager_ar(method, controller, graphs_
                 assert got == e.generate(prompt, 24, frozenset(), 3).tokens, f"{method}/{controller} sampled differently"
 
 
+@pytest.mark.parametrize("method", sorted(m for m in every.METHODS if m != "hf_assisted"))
+def test_every_model_a_method_decodes_with_runs_in_graphs_mode(method, graphs_target, tmp_path, monkeypatch):
+    """On a CPU nothing is captured, so equal tokens cannot show a model left eager; an H200 did (SPACE's
+    fine-tuned copy captured no graph, session 54): every adapter a method holds follows the target's mode."""
+    from specbench.models import ModelAdapter
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    m = build(method, graphs_target, every.method_config(method))
+    held = {k: v for k, v in vars(m).items() if isinstance(v, ModelAdapter)}
+    assert held, f"{method} holds no model"
+    for k, v in held.items():
+        assert v.execution == "graphs", f"{method}.{k} decodes in {v.execution} mode"
+
+
 def test_hf_assisted_is_refused_in_graphs_mode(graphs_target):
     with pytest.raises(SpecBenchError, match="model.execution=eager"):
         build("hf_assisted", graphs_target, every.method_config("hf_assisted"))

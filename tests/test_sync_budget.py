@@ -8,7 +8,8 @@ tests/fakecuda.py's `SyncCounter` per decoding step, greedy (Spec-Bench's settin
 (T = 0.7, top_p = 0.9):
 
 - AR: one read per token (the next token; under sampling the row sampled from);
-- chain drafting, any controller: at most one read per drafted token (the draft token with its
+- chain drafting, any controller: at most one read per drafted token (none where the chain is
+  the host's own lookup, PLD: an H200 counted its one read per step, session 54) (the draft token with its
   confidence and, for Cali-TS with a trained predictor, the predicted acceptance; under sampling
   the draft row, with both) plus one per verification (greedy: the target's choices; sampling:
   the first rejection and the row to sample from, chosen on the device, in one copy);
@@ -130,8 +131,8 @@ def budget(m, row, sampling: SamplingConfig, step: int | None = None) -> int:
         return 1  # AR; a tree left on the device (EAGLE-2/3, greedy): its verification's one read
     walk = tree and not sampling.greedy and m.verifier.acceptance != "typical"
     verify = 1 + accepted if walk else 1  # a tree's rejection walk: one distribution per visited node
-    if m.uses_controller:  # one read per drafted token (SWIFT's tree: its candidates in the same copy)
-        return drafted + verify + search_reads(m, step)
+    if m.uses_controller:  # one read per drafted token (SWIFT's tree: its candidates in the same copy), none for PLD's
+        return (drafted if m.drafts_on_device else 0) + verify + search_reads(m, step)
     return 1 + verify  # the candidates, the verification
 
 

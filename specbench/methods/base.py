@@ -160,6 +160,7 @@ class SpeculativeMethod(ARMethod):
     """
 
     uses_controller = True  # False: the method's draft shape is its own (Medusa's tree, EAGLE-2, SPACE)
+    drafts_on_device = True  # False: the chain comes from the host's token history (PLD), no read per drafted token
     acceptance = "auto"  # engine/verify.py ACCEPTANCE
     # True where `verify_forward` builds on what drafting wrote into the target's cache (EESD's
     # lower layers); otherwise those entries are dropped before verification

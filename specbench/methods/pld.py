@@ -30,6 +30,7 @@ def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[in
 @register_method
 class PromptLookup(SpeculativeMethod):
     name = "pld"
+    drafts_on_device = False  # n-gram lookup in the host's token list (an H200 counted one sync per step)
 
     def propose(self, k_max: int):
         found = lookup(self.tokens, k_max, int(self.cfg.max_ngram), int(self.cfg.min_ngram))

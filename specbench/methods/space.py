@@ -76,6 +76,7 @@ def finetuned_copy(target: ModelAdapter, suffix: str, structure: dict) -> ModelA
     model = copy.deepcopy(target.model)
     adapter = ModelAdapter(model, target.tokenizer, f"{target.name}-{suffix}")
     adapter.key = f"{target.key}-{suffix}-" + hashlib.sha1(json.dumps(structure, sort_keys=True).encode()).hexdigest()[:8]
+    adapter.follow_execution(target)  # graphs mode decodes the copy too (an H200 saw SPACE capture nothing without it)
     return adapter
 
 
