@@ -8,9 +8,12 @@ kernel takes a mask together with `enable_gqa=True`, so here a masked grouped qu
 flag instead of copying. Folding the query heads of a group into the query axis (transformers'
 `pack_gqa`, generalised to q > 1, mask tiled) measured the same, so the simpler flag it is
 (`python bench/attention.py`, results/bench/backends.md). On CUDA the adapter's masks are
-boolean (True = may attend) and go to SDPA with `enable_gqa` (its memory-efficient kernel takes
-both; an additive float mask with grouped heads left only the math kernel eligible for GQA models:
-docs/gpu.md); CPU masks stay the additive float ones. `use_grouped_sdpa` points a model config
+boolean (True = may attend) and go to SDPA with `enable_gqa`; on torch 2.11 (an H200, session 54)
+the fused kernels refuse grouped heads for dense input, so that call runs the math kernel. K/V
+repeated first would let the memory-efficient kernel take it: per eager call 0.43-0.45x the time
+at 256 cached rows, the same at 1024 in float32, 1.6x in bfloat16 (`bench/gpu_attention.py`,
+results/bench/gpu_general/gpu_attention.txt): mixed, and unmeasured inside a captured step, so
+unchanged (docs/gpu.md). CPU masks stay the additive float ones. `use_grouped_sdpa` points a model config
 at this function, registered through transformers' AttentionInterface (no forked modeling file);
 everything else (no mask, no grouping, extra arguments) is transformers' own sdpa. Same
 attention, exact up to the kernel's summation order.
