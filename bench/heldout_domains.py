@@ -213,6 +213,9 @@ def main(argv: list[str]) -> None:
             torch.set_num_threads(int(run.threads))
         target = target or load_model(run.model)
         every, groups = held_out_by_domain(run, target, args.unseen_by)
+        # the target's features of the scored sequences only (a store of their own, cached): the training store of
+        # every sequence is reused only where it was made, and a CPU would otherwise prefill all of them first
+        every = list({tuple(s[0]): s for held in groups.values() for s in held[: args.limit]}.values())
         t0 = time.monotonic()
         scores, info = SCORERS[m](run, target, every, groups, args.limit)
         where = (run.method.draft if m == "vanilla_sd" else run.method).checkpoint
