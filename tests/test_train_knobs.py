@@ -1,0 +1,56 @@
+"""The two speed settings of training (session 54): `train.prefill_batch_size` (how many sequences
+one forward of the teacher labels and of the feature prefill takes) and `train.matmul` (TF32 for
+CUDA's float32 matmuls, in the optimisation only). Neither may change what the float64 tiny model
+computes, and TF32 must not leak outside the optimisation loop (labels, features, decoding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import UNIT_TRAIN, tiny_model, train_settings
+
+
+from specbench.models.distill import teacher_labels
+from specbench.train import features
+from specbench.train.loop import cuda_matmul, train_loop
+
+SEQS = [[1, 5, 9, 3, 7, 2], [4, 4, 8], [6, 2, 9, 9, 1, 3, 5, 7, 2], [3, 1]]
+
+
+def test_labels_and_features_do_not_depend_on_the_prefill_batch(tmp_path, monkeypatch):
+    """Right padding: a sequence's rows are the same whatever else shares its forward."""
+    target = tiny_model()
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "a"))
+    one = teacher_labels(target, [(s, 1) for s in SEQS], batch_size=1)
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "b"))
+    four = teacher_labels(target, [(s, 1) for s in SEQS], batch_size=4)
+    assert one == four and [len(x) for x in one] == [len(s) for s in SEQS]
+    a = features.prefill(target, SEQS, [1, "final"], batch_size=1)
+    b = features.prefill(target, SEQS, [1, "final"], batch_size=3)
+    assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_tf32_holds_inside_the_optimisation_only():
+    before = torch.backends.cuda.matmul.allow_tf32
+    with pytest.raises(RuntimeError):
+        with cuda_matmul("tf32"):
+            assert torch.backends.cuda.matmul.allow_tf32
+            raise RuntimeError("a failing step")
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+    with cuda_matmul("float32"):
+        assert not torch.backends.cuda.matmul.allow_tf32
+
+
+@pytest.mark.parametrize("kind, on", [("tf32", True), ("float32", False)])
+def test_train_loop_runs_its_steps_under_train_matmul(kind, on):
+    seen = []
+    p = torch.nn.Parameter(torch.ones(3))
+
+    def loss_fn(ids, labels):
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        return (p * p).sum(), (1, 1)
+
+    tcfg = train_settings(**UNIT_TRAIN | {"lr": 0.1, "max_steps": 2, "epochs": None, "batch_size": 1, "max_len": 8,
+                                          "seed": 0, "checkpoint_every": None, "eval_every": None, "matmul": kind})
+    train_loop("part", [p], loss_fn, [([1, 2, 3, 4], 1)] * 2, tcfg, 0, "cpu")
+    assert seen == [on, on] and not torch.backends.cuda.matmul.allow_tf32
