@@ -32,6 +32,7 @@ recipe may have seen GSM8K train questions that are held out here; ShareGPT's ne
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -45,6 +46,10 @@ from specbench.config.compose import compose, validate
 from specbench.core.errors import SpecBenchError
 from specbench.models import load_model
 from specbench.models.distill import domains_of, load_sequences, sequences_path
+
+
+def interleave(lists: list[list]) -> list:
+    return [x for row in itertools.zip_longest(*lists) for x in row if x is not None]
 
 
 def held_out_by_domain(run, target, unseen_by: int | None = None):
@@ -72,8 +77,9 @@ def held_out_by_domain(run, target, unseen_by: int | None = None):
         groups[of_seq[tuple(s[0])]].append(s)
     groups = dict(sorted(groups.items()))
     from specbench.models.general_data import DOMAINS
-    pooled = {"general (pooled)": [s for d in DOMAINS for s in groups.get(d, [])],
-              "gsm8k (pooled)": [s for d, g in groups.items() if d.startswith("gsm8k") for s in g]}
+    # round-robin over the domains, so that --limit takes an even mix, not the first domain's sequences
+    pooled = {"general (pooled)": interleave([groups.get(d, []) for d in DOMAINS]),
+              "gsm8k (pooled)": interleave([g for d, g in groups.items() if d.startswith("gsm8k")])}
     return every, groups | {k: v for k, v in pooled.items() if v}
 
 
