@@ -104,10 +104,10 @@ def default_eval(loss_fn, held, tcfg, pad, device):
     return evaluate
 
 
-def train_loop(*args, **kwargs):
-    tcfg = args[4] if len(args) > 4 else kwargs["tcfg"]
+def train_loop(name, params, loss_fn, sequences, tcfg, *args, **kwargs):
+    """_train_loop (below) with CUDA's matmul precision set by train.matmul for its duration."""
     with cuda_matmul(tcfg.matmul):
-        return _train_loop(*args, **kwargs)
+        return _train_loop(name, params, loss_fn, sequences, tcfg, *args, **kwargs)
 
 
 @contextmanager
