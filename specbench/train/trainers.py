@@ -174,8 +174,7 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
             lab.append(d)
     if not th:
         raise SpecBenchError(f"no Cali-TS training pairs from {len(sequences)} sequences (too short?); no checkpoint written")
-    # on the host, where the predictor trains (control/cali_ts.py: a small MLP) and is scored
-    return torch.stack(th).float().cpu(), torch.stack(dh).float().cpu(), torch.tensor(ii), torch.tensor(lab)
+    return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
 
 
 def train_cali(target: ModelAdapter, exit_, cfg, train, held, store=None) -> dict:
