@@ -18,5 +18,5 @@ site_dir=$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_path("pur
 "$PY" -c 'import site, sysconfig
 dirs = list(dict.fromkeys(site.getsitepackages() + [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]))
 print(f"import site; list(map(site.addsitedir, {dirs!r}))")' >"$site_dir/outer_site.pth"
-"$DIR/bin/python" -m pip install -q --disable-pip-version-check "transformers==$floor"
+"$DIR/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check "transformers==$floor"
 echo "$DIR: transformers $("$DIR/bin/python" -c 'import transformers; print(transformers.__version__)'), the rest from $PY"

