@@ -227,6 +227,24 @@ def test_a_safety_cap_that_stops_training_is_recorded_and_printed(data_dir, tmp_
     assert "safety cap" in artifacts.trained_summary(settings)
 
 
+def test_a_run_the_cap_stopped_is_continued_by_a_rerun_to_the_same_bytes(data_dir, tmp_path, monkeypatch, capsys):
+    """A lent GPU's call ends at its time cap: the capped artifact keeps a resume state at the step it
+    stopped, and a rerun (no cap) continues from there to exactly the uninterrupted run's bytes."""
+    cfg = cfg_for(data_dir, "eagle")
+    whole = train_in(tmp_path / "whole", monkeypatch, cfg)
+    real_time = loop.time
+    monkeypatch.setattr(loop, "time", Clock())
+    capped = train_in(tmp_path / "cut", monkeypatch, cfg_for(data_dir, "eagle", "train.max_minutes=1"))
+    steps = artifacts.checkpoint_meta(capped)["settings"]["steps"]
+    assert 0 < steps < 7 and list((tmp_path / "cut").rglob("*.resume.safetensors"))
+    monkeypatch.setattr(loop, "time", real_time)
+    capsys.readouterr()
+    resumed = train_in(tmp_path / "cut", monkeypatch, cfg)
+    assert f"resuming at step {steps} of 7" in capsys.readouterr().out
+    assert sha(resumed) == sha(whole)
+    assert not list((tmp_path / "cut").rglob("*.resume.safetensors"))  # finished: the state is gone
+
+
 def test_the_plan_is_printed_with_an_estimate(data_dir, tmp_path, monkeypatch, capsys):
     train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eesd"))
     err = capsys.readouterr()

@@ -28,6 +28,13 @@ DATA="model=smollm2-135m model.backend=eager model.device=$DEV train.data.num_pr
 LOCAL="${MODEL:+model.path=$MODEL} ${EXTRA:-}"   # where the GGUF is, and a smoke test's smaller budget: not the recipe
 PY=${PY:-python}
 OUTDIR=${OUTDIR:-$CACHE/recipe-logs}
+# PARTS (a subset of these names) trains fewer parts: a lent call of ~10 minutes fits phase 1 and ~7 minutes of
+# phase 2, and a second call on the same warm machine resumes each part (resume states every checkpoint_every)
+ALL="e3-7-target e3-7-trained e3-5-target e3-5-trained eagle eesd medusa"
+ORDER=${PARTS:-$ALL}
+for name in $ORDER; do
+  [[ " $ALL " == *" $name "* ]] || { echo "train_gpu.sh: error: PARTS names $name; allowed: $ALL" >&2; exit 2; }
+done
 mkdir -p "$OUTDIR"
 echo "== $(date +%T) phase 1: data, labels, features"
 # train.max_minutes=0: no optimiser step (the trainer says so in one line and exits non-zero); what counts is the store
@@ -52,7 +59,6 @@ CMD[e3-5-trained]="-m specbench.train method=eagle3 method.ttt_steps=5 method.lm
 CMD[eagle]="-m specbench.train method=eagle"
 CMD[eesd]="-m specbench.train method=eesd"
 CMD[medusa]="-m specbench.train method=medusa"
-ORDER="e3-7-target e3-7-trained e3-5-target e3-5-trained eagle eesd medusa"
 launch() {  # NAME: train one part, its output in $OUTDIR/NAME.out
   local name=$1 c=$CACHE
   case $name in e3-*) c=$(cell_cache "${name#e3-}");; esac

@@ -186,8 +186,9 @@ def save_checkpoint(kind: str, model_key: str, structure: dict, state: dict, set
                              "no checkpoint written")
     path = checkpoint_path(kind, model_key, structure)
     atomic_write(path, lambda p: save_file(flat, str(p), metadata={"specbench": json.dumps(meta, default=str)}))
-    for stale in path.parent.glob(f"{path.stem}.*.resume.safetensors"):  # the training it resumed is finished
-        stale.unlink(missing_ok=True)
+    if settings.get("stopped_by") != "train.max_minutes":  # a capped run keeps its state: a rerun continues it
+        for stale in path.parent.glob(f"{path.stem}.*.resume.safetensors"):  # the training it resumed is finished
+            stale.unlink(missing_ok=True)
     return path
 
 

@@ -162,6 +162,8 @@ def _train_loop(name, params, loss_fn, sequences, tcfg, pad_id, device, groups=N
         for s in range(start, total):
             if deadline is not None and time.monotonic() > deadline:
                 stopped = "train.max_minutes"
+                if resume and log:  # a rerun (a second lent call, a larger cap) continues from here
+                    resume_state.save(resume, key, opt, rngs, {"step": s, "labelled": labelled, "log": log})
                 break
             t0 = time.monotonic()
             for g, lr in zip(opt.param_groups, base_lrs):
