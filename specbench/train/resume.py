@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specbench.config import settings
+from specbench.config.identity import drop_unset_training_keys
 from specbench.models.artifacts import all_finite, atomic_write, checkpoint_path, safe_key
 
 FORMAT = "specbench-train-resume/1"
@@ -43,8 +44,7 @@ def resume_for(cfg, kind: str, model_key: str, structure: dict, stage: str) -> R
         return None
     art = checkpoint_path(kind, model_key, structure)
     train = {k: v for k, v in settings.record(cfg.train).items() if k not in RUN_ONLY}
-    if train.get("matmul") == "float32":  # exact, as every state saved before the key existed
-        train.pop("matmul")
+    drop_unset_training_keys(train)  # as the run identity does: a key added later changes nothing while unset
     key = {"stage": stage, "model": model_key, "structure": structure, "train": train,
            "method": settings.record(cfg.method)}
     return Resume(art.with_name(f"{art.stem}.{safe_key(stage)}.resume.safetensors"), key)
