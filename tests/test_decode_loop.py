@@ -90,13 +90,19 @@ def test_cost_terms_add_up_to_the_inverse_speedup():
 
 def test_the_step_line_says_what_a_verify_step_costs_and_commits():
     """issue 44: the summary says why a drafter loses, per step: the drafts' cost (count x each),
-    the verify forward's width and cost, and tau, all in AR steps (AR's time per token)."""
+    the verify forward's width and cost, and tau, all in AR decoding steps: AR's time per token with
+    its prefill left out (the unit that includes AR's prefill made a losing decode look like a win)."""
     from specbench.run.summary import step_line
 
-    terms = {"prefill": 0.1, "draft": 0.3, "verify": 0.9, "other": 0.1, "total": 1.4}
-    acc = {"tau": 2.0, "steps": 10, "draft_tokens": 30}  # 3 drafts a step, 20 tokens
-    line = step_line(terms, acc)
+    # AR: 2 sequences, 22 tokens, 20 decoding steps in 2.0 s (0.1 s each) after 3.0 s of prefill
+    ar = {"new_tokens": 22, "wall": 5.0, "times": {"prefill": 3.0, "verify": 2.0}}
+    m = {"new_tokens": 22, "wall": 7.0, "times": {"prefill": 3.6, "draft": 0.6, "verify": 1.8}}
+    s = {"samples": 2, "sequences": 2, "ar": ar, "method": m,
+         "acceptance": {"tau": 2.0, "steps": 10, "draft_tokens": 30}}  # 3 drafts a step, 20 tokens
+    line = step_line(s)
     assert "3.00 draft tokens at 0.20 each = 0.60" in line and "over 4.00 rows = 1.80" in line
-    assert "tau 2.00 tokens (draft + verify 2.40 >= tau 2.00)" in line
-    assert "< tau" in step_line(terms | {"verify": 0.5}, acc)
-    assert step_line({"verify": 1.0}, acc) is None and step_line(terms, None) is None
+    assert "tau 2.00 tokens (draft + verify 2.40 >= tau 2.00); its prefill 1.20x AR's" in line
+    # in AR's whole time per token (0.227 s, prefill included) the same step would read 0.26 + 0.79 < tau
+    assert "< tau" in step_line(s | {"method": m | {"times": m["times"] | {"verify": 1.0}}})
+    assert step_line(s | {"acceptance": None}) is None
+    assert step_line(s | {"method": m | {"times": {"verify": 1.0}}}) is None

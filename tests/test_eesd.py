@@ -71,6 +71,21 @@ def test_exit_at_last_layer_is_the_target_so_everything_is_accepted():
     assert drafted > 20 and sum(s.accepted for s in g.steps) == drafted
 
 
+def test_the_vocabulary_head_sees_only_the_rows_that_are_read():
+    """On the embedded model the 49k-row head costs a fifth of a target forward per row: the exit
+    layer's prefill over the prompt and its catch-up rows fill its cache and need no logits. At most
+    one row per draft token, one per verified row and the prefill's last go through a head."""
+    target = tiny_model()
+    rows = []
+    hook = target.lm_head.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[:-1].numel()))
+    try:
+        g = eesd(target, 2, {"name": "fixed", "k": 3, "k_max": 3}).generate(list(range(3, 43)), 24, frozenset(), 0)
+    finally:
+        hook.remove()
+    drafted = sum(s.drafted for s in g.steps)
+    assert drafted > 0 and sum(rows) <= 1 + drafted + sum(s.drafted + 1 for s in g.steps)
+
+
 @pytest.mark.parametrize("n_layers", [1, 3])
 def test_eesd_sampling_preserves_distribution(n_layers):
     """Tokens 1 and 2 of the output (made by speculative steps) follow AR's distribution."""

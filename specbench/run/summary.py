@@ -103,6 +103,7 @@ def aggregate(records: list[dict], costs: dict[int, float] | None, ci, per_categ
         out["interference"] = inter
     steps = [s for r in records for s in r["method"].get("steps", [])]
     n_seq = sum(len(r["method"].get("tokens") or [None]) for r in records)  # one prefill token each
+    out["sequences"] = n_seq
     if steps:
         acc = acceptance_metrics(steps, m["new_tokens"], n_seq)
         out["acceptance"] = acc
@@ -243,19 +244,30 @@ def acceptance_lines(s: dict) -> list[str]:
     return lines
 
 
-def step_line(terms: dict, acc: dict | None) -> str | None:
-    """Why a drafter wins or loses, per verify step, in AR steps (AR's time per token): what its
-    drafts cost (how many, at what each: the draft head's cost), what the one verify forward over
-    them costs (its width), and the tokens it commits (tau). It wins when draft + verify < tau."""
-    if not acc or not acc.get("tau") or not acc.get("steps") or "draft" not in terms or "verify" not in terms:
+def step_line(s: dict) -> str | None:
+    """Why a drafter wins or loses, per verify step, in AR steps: AR's decoding time per token, its
+    prefill left out (the method's prefill is compared apart). What the drafts cost (how many, at what
+    each: the draft head's cost), what the one verify forward over them costs (its width), and the
+    tokens it commits (tau); its decoding beats AR's when draft + verify < tau. (Until session 55 the
+    unit was AR's whole time per token, prefill included, which made every drafter look cheaper.)"""
+    acc, ar, m = s.get("acceptance"), s.get("ar"), s.get("method")
+    if not acc or not acc.get("tau") or not acc.get("steps") or not ar or not m:
         return None
+    times, ar_times = m.get("times", {}), ar.get("times", {})
+    ar_steps = ar["new_tokens"] - s.get("sequences", s["samples"])  # each prefill gives one token
+    ar_decode = ar["wall"] - ar_times.get("prefill", 0.0)
+    if "draft" not in times or "verify" not in times or ar_steps <= 0 or ar_decode <= 0:
+        return None
+    unit = acc["steps"] * ar_decode / ar_steps  # seconds of AR decoding for as many steps as the method's
     tau, drafted = acc["tau"], acc["draft_tokens"] / acc["steps"]
-    draft, verify = terms["draft"] * tau, terms["verify"] * tau
+    draft, verify = times["draft"] / unit, times["verify"] / unit
     each = f" at {draft / drafted:.2f} each" if drafted else ""
     verdict = "<" if draft + verify < tau else ">="
-    return (f"per verify step, in AR steps: {drafted:.2f} draft tokens{each} = {draft:.2f}, one verify forward over "
-            f"{drafted + 1:.2f} rows = {verify:.2f}; it commits tau {tau:.2f} tokens (draft + verify {draft + verify:.2f} "
-            f"{verdict} tau {tau:.2f})")
+    prefill = (f"; its prefill {times['prefill'] / ar_times['prefill']:.2f}x AR's"
+               if times.get("prefill") and ar_times.get("prefill") else "")
+    return (f"per verify step, in AR decoding steps: {drafted:.2f} draft tokens{each} = {draft:.2f}, one verify forward "
+            f"over {drafted + 1:.2f} rows = {verify:.2f}; it commits tau {tau:.2f} tokens (draft + verify "
+            f"{draft + verify:.2f} {verdict} tau {tau:.2f}){prefill}")
 
 
 SYSTEM_COLUMNS = ["", "tokens", Column("wall s", spec=".2f"), Column("tok/s", spec=".2f"), Column("quality", align="<")]
@@ -293,7 +305,7 @@ def print_summary(s: dict, meta: dict) -> str:
         if terms:
             parts = " + ".join(f"{k} {v:.2f}" for k, v in terms.items() if k != "total")
             lines.append(f"time per token in AR's time per token: {parts} = {terms['total']:.2f} (AR: 1.00)")
-            why = step_line(terms, s.get("acceptance"))
+            why = step_line(s)
             lines += [why] if why else []
         share = m["time_share"]
         lines.append(
