@@ -16,6 +16,7 @@ from specbench.config import schema, settings
 import specbench.methods  # noqa: F401 - registers the methods
 from specbench.control import CONTROLLERS
 from specbench.methods.base import METHODS, SpeculativeMethod
+from specbench.models import ModelAdapter
 from specbench.kernels import ggml
 
 K_MAX = 4
@@ -54,6 +55,27 @@ def test_greedy_equals_ar(method, controller, tmp_path, monkeypatch):
     for prompt in PROMPTS:
         got = m.generate(prompt, 24, frozenset(), 0)
         assert got.tokens == ar_tokens(ref, prompt, 24), f"{method} with {controller} differs from AR on {prompt}"
+
+
+@pytest.mark.parametrize("method", sorted(m for m in METHODS if m != "hf_assisted"))  # transformers' own loop
+def test_a_prefill_puts_no_prompt_row_but_the_last_through_the_vocabulary_head(method, tmp_path, monkeypatch):
+    """On the embedded model the 49k-row LM head costs a fifth of a target forward per row: a method's
+    prefill of a 40-token prompt needs each model's last row's logits (plus SPACE's k mask rows), not
+    every row's. EESD's exit layer and SPACE's prefill put all 40 through it until session 55."""
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    target = tiny_model()
+    m = build(method, target, method_config(method))
+    rows = []
+    heads = {id(a.lm_head): a.lm_head for a in [target, *vars(m).values()] if isinstance(a, ModelAdapter)}
+    hooks = [h.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[:-1].numel())) for h in heads.values()]
+    try:
+        with torch.no_grad():
+            m.generate(list(range(3, 43)), 1, frozenset(), 0)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    # one last row per model with a head of its own (a vanilla-SD draft has one), SPACE's masks besides
+    assert sum(rows) <= len(heads) + int(getattr(m, "k", 0) if method == "space" else 0), rows
 
 
 def test_every_registered_method_has_its_yaml_and_every_yaml_its_method():
