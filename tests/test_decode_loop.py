@@ -102,7 +102,7 @@ def test_the_step_line_says_what_a_verify_step_costs_and_commits():
     line = step_line(s)
     assert "3.00 draft tokens at 0.20 each = 0.60" in line and "over 4.00 rows = 1.80" in line
     assert "tau 2.00 tokens (draft + verify 2.40 >= tau 2.00); its prefill 1.20x AR's" in line
-    # in AR's whole time per token (0.227 s, prefill included) the same step would read 0.26 + 0.79 < tau
+    # in AR's whole time per token (0.227 s, prefill included) the same step would read 0.24 + 0.72 < tau
     assert "< tau" in step_line(s | {"method": m | {"times": m["times"] | {"verify": 1.0}}})
     assert step_line(s | {"acceptance": None}) is None
     assert step_line(s | {"method": m | {"times": {"verify": 1.0}}}) is None
