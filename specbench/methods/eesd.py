@@ -62,10 +62,12 @@ class EarlyExit(nn.Module):
         return (self.head or self._target_head)(hidden_normed)
 
     def forward(self, target: ModelAdapter, h_n: torch.Tensor, cache: KVCache | None,
-                head: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                head: nn.Module | None = None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer-N hidden states [B, q, d] -> (logits [B, q, V], normed hidden [B, q, d]);
-        `head` replaces the exit's head (a draft's vocabulary subset, methods/draft_vocab.py)."""
+        `head` replaces the exit's head (a draft's vocabulary subset, methods/draft_vocab.py);
+        `last_only`: the last row's only (q = 1), the others filling the cache."""
         h = self.advance(target, h_n, cache)
+        h = h[:, -1:] if last_only else h
         return (self.logits if head is None else head)(h), h
 
     def advance(self, target: ModelAdapter, h_n: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -129,8 +131,8 @@ class EESD(SpeculativeMethod):
             self.h_drafts.append(h_n)
             feed = torch.cat(self.backlog + [h_n], 1) if self.backlog else h_n
             self.backlog = []
-            hidden = self.exit.advance(t, feed, self.ecache)[:, -1:]  # catch-up rows fill the cache only
-            logits = (self.exit.logits if self.draft_head is None else self.draft_head)(hidden)
+            # catch-up rows (the backlog) fill the exit layer's cache only
+            logits, hidden = self.exit(t, feed, self.ecache, head=self.draft_head, last_only=True)
             return logits[0, -1], hidden[0, -1]
 
         return self.draft_loop(k_max, next_draft)
