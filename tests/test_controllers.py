@@ -258,6 +258,29 @@ def test_cali_ts_with_predictor():
         c.keep_drafting(DraftInfo(i=1))
 
 
+def test_cali_ts_reads_its_predictor_at_one_matmul_per_draft_token():
+    """Drafting asks the predictor once per draft token, at a position the host knows: it must pick
+    W^i there, not evaluate all max_i of them (on SmolLM2-135M ten 576 x 576 matmuls cost about a
+    decoder layer per draft token), and must give forward's values exactly."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    d = 16
+    g = torch.Generator().manual_seed(0)
+    p = CaliPredictor(d=d)
+    with torch.no_grad():
+        for t in p.parameters():
+            t.copy_(torch.randn(t.shape, generator=g))
+    c = CaliTS(**controller_args("cali_ts") | {"predictor": p})
+    th, dh = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    for i in range(1, p.max_i + 4):
+        with FlopCounterMode(display=False) as flops:
+            got = c.on_device(i, dh, th)
+        assert flops.get_total_flops() <= 2 * d * d + 2 * 2 * d, i  # W^i h, then W_p [.; .]
+        with torch.no_grad():
+            want = p(th.view(1, -1), dh.view(1, -1), torch.tensor([i]))
+        assert torch.equal(got, want), i
+
+
 def test_cali_ts_predictor_from_path(tmp_path):
     CaliPredictor(d=4).save(tmp_path / "p.pt")
     c = controller("cali_ts", predictor=str(tmp_path / "p.pt"))
