@@ -28,6 +28,8 @@ def fingerprint(cfg: DictConfig) -> dict:
     c.pop("run_dir", None)
     if c.get("timing") == "fine":  # the default, and what runs recorded before the key existed did
         c.pop("timing")
+    if (c.get("model") or {}).get("draft_quant") == "none":  # likewise: float trained parts, as before the key
+        c["model"].pop("draft_quant")
     if not trains_on_first_use(c):
         c.pop("train", None)
     drop_unset_training_keys(c.get("train"))

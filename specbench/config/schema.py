@@ -178,7 +178,8 @@ TASKS = {
 # ------------------------------------------------------------------------------ model (by loader)
 _MODEL = {"name": STR(), "loader": CHOICE("gguf", "hf", "tiny"), "dtype": CHOICE(*DTYPES), "device": STR(),
           "backend": CHOICE(*BACKENDS), "attn_implementation": STR(optional=True, absent="sdpa"),
-          "execution": CHOICE("eager", "graphs"), "graph_max_width": INT(1, 1024)}
+          "execution": CHOICE("eager", "graphs"), "graph_max_width": INT(1, 1024),
+          "draft_quant": CHOICE("none", "q8_0")}
 _CHAT = {"chat_template": BOOL(), "eos_tokens": LIST(STR(), empty=True)}
 MODELS = {
     "gguf": _MODEL | _CHAT | {"package": STR(), "gguf_file": STR(), "path": PATH},

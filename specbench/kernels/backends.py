@@ -216,6 +216,28 @@ def apply_backend(module: nn.Module, name) -> int:
     return n
 
 
+def round_weights(module: nn.Module, how: str) -> int:
+    """`model.draft_quant`: every plain linear layer of a trained part whose weight is not already ggml
+    blocks (the target's own rows and layers are) rounded in place to `how` (q8_0); how many. On the
+    ggml* backends a float32 part runs the fp32 kernel: EESD's exit layer then cost as much as two of
+    the target's Q4_1 layers per draft token (session 56)."""
+    if how != "q8_0":
+        raise SpecBenchError(f"model.draft_quant={how!r} is not allowed; allowed: none, q8_0")
+    n = 0
+    with torch.no_grad():
+        for m in module.modules():
+            if type(m) not in (nn.Linear, BackendLinear):  # as apply_backend: not LoRA wrappers
+                continue
+            w = m.weight
+            if w.dtype == torch.float32 and w.is_cpu and ggml.recover(w, ("q4_1", "q8_0")) is not None:
+                continue
+            rounded = ggml.round_to_q8_0(w)
+            if rounded is not None:
+                w.copy_(rounded)
+                n += 1
+    return n
+
+
 def backend_of(module: nn.Module) -> str:
     """The backend `module`'s linear layers run with (that of its first one)."""
     for m in module.modules():

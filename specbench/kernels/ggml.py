@@ -180,6 +180,19 @@ def recover(weight: torch.Tensor, formats=FORMATS) -> BlockWeight | None:
     return bw if torch.equal(bw.dequantize(), weight.detach()) else None
 
 
+def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` rounded to Q8_0 blocks as llama.cpp quantizes (gguf-py's reference quantize, then its
+    dequantize), in `weight`'s dtype and device: a float32 weight `recover` then keeps as Q8_0, so the
+    kernels run it quantized. None when its rows are not whole blocks."""
+    if weight.dim() != 2 or weight.shape[1] % BLOCK:
+        return None
+    from gguf import GGMLQuantizationType, quants
+
+    q8 = GGMLQuantizationType.Q8_0
+    w = weight.detach().to("cpu", torch.float32).numpy()
+    return torch.from_numpy(quants.dequantize(quants.quantize(w, q8), q8).copy()).to(weight.device, weight.dtype)
+
+
 # -- the compiled kernel ------------------------------------------------------------------------
 
 _LIB: ctypes.CDLL | None = None

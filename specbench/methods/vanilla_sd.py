@@ -37,6 +37,8 @@ def build_draft(target: ModelAdapter, cfg) -> tuple[ModelAdapter, dict]:
             loaded = load_draft_checkpoint(draft, target, n, ckpt)
             if loaded:
                 info.update(draft_trained=True, draft_checkpoint=loaded["path"], trained=trained_summary(loaded.get("settings")))
+                if "draft_quant" in loaded:
+                    info["draft_quant"] = loaded["draft_quant"]
         return draft, info
     if source == "hf":
         # a Hugging Face model's settings as conf/model/hf.yaml ships them, with the draft's id, dtype and device

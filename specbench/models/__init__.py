@@ -162,7 +162,7 @@ def tiny_llama_config(cfg):
     )
 
 
-HOW_IT_RUNS = ("backend", "execution", "graph_max_width")
+HOW_IT_RUNS = ("backend", "execution", "graph_max_width", "draft_quant")
 
 
 def load_tiny(cfg) -> ModelAdapter:
@@ -193,6 +193,7 @@ def load_model(cfg) -> ModelAdapter:
     adapter = MODEL_LOADERS[cfg.loader](cfg)
     apply_backend(adapter.model, backend)
     adapter.set_execution(cfg.execution, cfg.graph_max_width)
+    adapter.draft_quant = cfg.draft_quant  # read when a trained part loads (models/artifacts.py)
     return adapter
 
 

@@ -57,6 +57,7 @@ class ModelAdapter:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.draft_quant = "none"  # model.draft_quant: how trained parts beside this model are rounded at load
         inner = getattr(model, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
         if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):

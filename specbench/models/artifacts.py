@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from specbench.core.cachedir import cache_dir
 from specbench.core.errors import SpecBenchError
-from specbench.kernels.backends import apply_backend, backend_of
+from specbench.kernels.backends import apply_backend, backend_of, round_weights
 
 FORMAT = "specbench-checkpoint/1"
 TRAIN_HINT = {
@@ -320,6 +320,8 @@ def apply_checkpoint(module, ckpt: dict | None, target, info: dict):
         info["train_settings"] = ckpt.get("settings")
         info["trained"] = trained_summary(ckpt.get("settings"))
     module.to(device=target.device, dtype=target.dtype).eval()
+    if target.draft_quant != "none":  # model.draft_quant
+        info["draft_quant"] = f"{target.draft_quant} ({round_weights(module, target.draft_quant)} linear layers)"
     apply_backend(module, backend_of(target.model))
     for p in module.parameters():
         p.requires_grad_(False)
@@ -336,6 +338,8 @@ def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> dict | 
     check_state(ckpt["state"], expected_state(draft.model, lambda k: ".layers." in k or k.endswith("norm.weight")),
                 ckpt["path"], ckpt["fix"])
     draft.model.load_state_dict(ckpt["state"], strict=False)  # strict above; the rest is the target's
+    if target.draft_quant != "none":
+        ckpt = ckpt | {"draft_quant": f"{target.draft_quant} ({round_weights(draft.model, target.draft_quant)} linear layers)"}
     return ckpt
 
 
