@@ -123,13 +123,15 @@ def test_a_trained_part_no_longer_published_makes_the_cell_stale(folder, tmp_pat
     assert cells["xsum"].trained == ["60 steps (from the measuring host's cache, not published)"] and not cells["xsum"].stale
 
 
-def test_a_corpus_and_its_datastore_are_no_trained_part(folder):
-    """REST's (and SAM-Decoding's) corpus and datastore are pinned by the run's provenance; no training
+def test_a_corpus_its_datastore_and_a_ranked_vocabulary_are_no_trained_part(folder):
+    """REST's (and SAM-Decoding's) corpus and datastore, and a draft vocabulary's ranking file, are pinned by the run's provenance; no training
     made them: the budget column said "budget not recorded (from the measuring host's cache, ...)"."""
     d = make_cell(folder, "suffix", "gsm8k", EPYC)
     config = json.loads((d / "config.json").read_text())
     config["provenance"]["artifacts"] = {"corpus.0": {"path": "/data/train.jsonl", "sha256": "2" * 64},
-                                         "aux_datastore": {"path": "/c/datastore/x.npz", "sha256": "3" * 64}}
+                                         "aux_datastore": {"path": "/c/datastore/x.npz", "sha256": "3" * 64},
+                                         # a draft vocabulary's ranked token file (the eesd-q8-v8k row)
+                                         "method.draft_vocab.source": {"path": "/r/draft_vocab_mix.json", "sha256": "4" * 64}}
     (d / "config.json").write_text(json.dumps(config))
     (cell,) = board.find_cells(board.load_spec(folder), folder)
     assert cell.trained == [] and not cell.stale

@@ -85,3 +85,15 @@ def test_trained_parts_run_as_q8_0_blocks_and_the_method_stays_lossless(name, tm
         with torch.no_grad():
             got = m.generate(prompt, 24, frozenset(), 0)
         assert got.tokens == ar_tokens(target, prompt, 24), f"{name} with draft_quant=q8_0 differs from AR on {prompt}"
+
+
+def test_the_report_keeps_one_model_and_tells_the_rounded_parts_apart(tmp_path):
+    """model.draft_quant is how a method's parts are rounded, not which model ran: the report keeps
+    both runs under one model (one set of plots) and shows the setting as the method's variant."""
+    from specbench.report.load import Run, model_identity
+
+    plain = {"model.name": "m", "model.dtype": "float32", "method.name": "eesd"}
+    rounded = plain | {"model.draft_quant": "q8_0"}
+    assert model_identity(rounded, "m") == model_identity(plain, "m")
+    variant = Run(tmp_path, {}, rounded).variant()
+    assert variant["model.draft_quant"] == "q8_0" and "model.dtype" not in variant

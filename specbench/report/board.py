@@ -140,8 +140,9 @@ def trained_parts(run: Run, published: set[str]) -> tuple[list[str], list[str]]:
     for key, sha in run.config.items():
         if not (key.startswith("provenance.artifacts.") and key.endswith(".sha256")):
             continue
-        if key.split(".")[2].removeprefix("aux_") in DATA_INPUTS:  # built from data, not trained: no budget
-            continue
+        name = key[len("provenance.artifacts."): -len(".sha256")]
+        if name.split(".")[0].removeprefix("aux_") in DATA_INPUTS or "draft_vocab" in name:  # built from data (a
+            continue  # datastore, a ranked token file), not trained: no budget
         path = str(run.config.get(key[: -len("sha256")] + "path", ""))
         if sha in published:
             notes.append("published")

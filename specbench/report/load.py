@@ -29,6 +29,7 @@ SETTING_KEYS = ("model", "task", "max_new_tokens", "sampling")
 WEIGHTS = "provenance.model."
 ARTIFACTS = "provenance.artifacts."
 UNRECORDED = "unrecorded"
+DRAFT_QUANT = "model.draft_quant"  # recorded only when not "none" (config/identity.py)
 
 
 def _flatten(d, prefix=""):
@@ -72,6 +73,7 @@ def model_identity(config: dict, name: str) -> dict:
     if out.get("model.execution", "eager") == "eager":
         out.pop("model.execution", None)
         out.pop("model.graph_max_width", None)
+    out.pop(DRAFT_QUANT, None)  # how a method's trained parts are rounded: the method's system, not the model
     return out
 
 
@@ -151,7 +153,7 @@ class Run:
         out = {"hardware": self.hardware}
         for k, v in self.config.items():
             top = k.split(".")[0]
-            if _is_neutral(k) or top in ("model", "task", "sampling", "max_new_tokens") or k.startswith(WEIGHTS):
+            if k != DRAFT_QUANT and (_is_neutral(k) or top in ("model", "task", "sampling", "max_new_tokens") or k.startswith(WEIGHTS)):
                 continue
             out[k] = v
         return out
