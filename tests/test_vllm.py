@@ -53,6 +53,7 @@ def test_engine_files_match_the_schema():
     (["method=ngram", "method.prompt_lookup_min=4", "method.prompt_lookup_max=2"],
      r"method.prompt_lookup_max=2 is not allowed; expected an integer >= method.prompt_lookup_min \(4\)"),
     (["method=ngram", "model=tiny-llama"], "model.loader='tiny' is not allowed"),
+    (["method=eagle3", "method.model=/d", "model.draft_quant=q8_0"], "model.draft_quant='q8_0' is not allowed; expected none"),
     (["method=ngram", "engine.batch_sizes=[0,2]"], r"engine.batch_sizes=\[0, 2\] is not allowed"),
     (["method=suffix", "method.min_token_prob=2"], "method.min_token_prob=2 is not allowed"),
     (["method=ngram", "method.k=3"], "Could not override 'method.k'"),

@@ -83,6 +83,8 @@ def engine_rules(get) -> None:
         return
     if get("model.loader") == "tiny":
         raise _bad("model.loader", "tiny", "gguf or hf with engine=vllm (a tiny random Llama has no tokenizer vLLM can load)")
+    if get("model.draft_quant") not in (None, "none"):  # our trained parts' rounding; vLLM loads its drafter itself
+        raise _bad("model.draft_quant", get("model.draft_quant"), "none with engine=vllm")
     if name in HEAD_METHODS and not get("method.model"):
         raise _bad("method.model", get("method.model"), f"the {name} drafter vLLM loads (a Hugging Face directory or hub id)")
     lo, hi = get("method.prompt_lookup_min"), get("method.prompt_lookup_max")
