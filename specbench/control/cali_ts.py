@@ -44,7 +44,11 @@ class CaliPredictor(nn.Module):
         z = torch.zeros_like(th)
         for k in range(self.max_i):
             z = torch.where((idx == k).unsqueeze(-1), th @ self.W[k].T, z)
-        return self.proj(torch.cat([z, dh], dim=-1)).squeeze(-1)
+        return self._read(z, dh)
+
+    def _read(self, z: torch.Tensor, draft_hidden: torch.Tensor) -> torch.Tensor:
+        """W_p [W^i H^(T); H^(D)] (+ bias) from z = W^i H^(T)."""
+        return self.proj(torch.cat([z, draft_hidden.to(z)], dim=-1)).squeeze(-1)
 
     def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
         """[B, d], [B, d], [B] (1-based positions) -> acceptance probability [B]."""
@@ -54,9 +58,8 @@ class CaliPredictor(nn.Module):
         """`forward` for rows that share one position the host knows (a decode step): W^i is picked
         on the host, one d x d matmul instead of max_i, the same values bit for bit. Drafting calls
         this once per draft token, where the ten matmuls cost as much as a decoder layer."""
-        w = self.proj.weight
-        z = target_hidden.to(w) @ self.W[min(max(int(i), 1), self.max_i) - 1].T
-        return torch.sigmoid(self.proj(torch.cat([z, draft_hidden.to(w)], dim=-1)).squeeze(-1))
+        z = target_hidden.to(self.proj.weight) @ self.W[min(max(int(i), 1), self.max_i) - 1].T
+        return torch.sigmoid(self._read(z, draft_hidden))
 
     def train_on(self, examples, epochs: int = 3, lr: float = 1e-3, batch_size: int = 64, seed: int = 0) -> list[float]:
         """Fit on (target_hidden [N, d], draft_hidden [N, d], i [N], label [N]) with binary cross-entropy;

@@ -320,8 +320,7 @@ def apply_checkpoint(module, ckpt: dict | None, target, info: dict):
         info["train_settings"] = ckpt.get("settings")
         info["trained"] = trained_summary(ckpt.get("settings"))
     module.to(device=target.device, dtype=target.dtype).eval()
-    if target.draft_quant != "none":  # model.draft_quant
-        info["draft_quant"] = f"{target.draft_quant} ({round_weights(module, target.draft_quant)} linear layers)"
+    info |= rounded(module, target)
     apply_backend(module, backend_of(target.model))
     for p in module.parameters():
         p.requires_grad_(False)
@@ -338,9 +337,14 @@ def load_draft_checkpoint(draft, target, n_layers: int, where="auto") -> dict | 
     check_state(ckpt["state"], expected_state(draft.model, lambda k: ".layers." in k or k.endswith("norm.weight")),
                 ckpt["path"], ckpt["fix"])
     draft.model.load_state_dict(ckpt["state"], strict=False)  # strict above; the rest is the target's
-    if target.draft_quant != "none":
-        ckpt = ckpt | {"draft_quant": f"{target.draft_quant} ({round_weights(draft.model, target.draft_quant)} linear layers)"}
-    return ckpt
+    return ckpt | rounded(draft.model, target)
+
+
+def rounded(module, target) -> dict:
+    """`model.draft_quant`: a trained part's linear layers rounded at load, and what the run records of it."""
+    if target.draft_quant == "none":
+        return {}
+    return {"draft_quant": f"{target.draft_quant} ({round_weights(module, target.draft_quant)} linear layers)"}
 
 
 # -- Self-SD skip-search results ----------------------------------------------------------------
