@@ -16,7 +16,8 @@ from specbench.kernels.backends import BackendLinear
 from specbench.models import ModelAdapter, truncated_copy
 from specbench.models.artifacts import save_checkpoint
 from specbench.methods.eesd import EarlyExit
-from specbench.methods.medusa import MedusaHeads
+from specbench.methods.medusa import MedusaHeads, medusa2_structure
+from specbench.methods.space import lora_expected, space_structure
 from tests.helpers import ar_tokens, build, method_cfg, q4_tiny_model
 
 pytestmark = pytest.mark.skipif(ggml.compiler() is None, reason="model.backend=ggml needs a C compiler")
@@ -59,6 +60,20 @@ def with_trained_part(name: str, target):
         heads = MedusaHeads(target, 4, True)
         save_checkpoint("medusa", target.key, heads.structure(), noisy(heads.state_dict()), SETTINGS)
         return method_cfg("medusa", tree_from_accuracies=None, sizes=[2, 2, 1, 1])
+    if name == "space":  # a LoRA delta merged into a copy of the target: the copy's layers are no longer blocks
+        cfg = method_cfg("space", k=2)
+        st = space_structure(cfg)
+        g = torch.Generator().manual_seed(2)
+        lora = {k: 0.05 * torch.randn(shape, generator=g, dtype=dt) for k, (shape, dt) in
+                lora_expected(target.model, st["lora_r"]).items()}
+        save_checkpoint("space", target.key, st, {"lora": lora, "mask_embedding": torch.zeros(target.hidden_size)}, SETTINGS)
+        return cfg
+    if name == "medusa2":  # a jointly fine-tuned backbone (saved whole, the LoRA merged) and its heads
+        cfg = method_cfg("medusa", variant="medusa2", tree_from_accuracies=None, sizes=[2, 2, 1, 1])
+        heads = MedusaHeads(target, 4, True)
+        state = {"model": noisy(target.model.state_dict()), "heads": noisy(heads.state_dict())}
+        save_checkpoint("medusa2", target.key, medusa2_structure(cfg), state, SETTINGS)
+        return cfg
     return method_cfg(name, allow_untrained=True)
 
 
@@ -70,21 +85,23 @@ def part_kinds(m, target) -> list[str]:
     return [x.packed()[0].kind for mod in mods for x in mod.modules() if isinstance(x, BackendLinear) and id(x) not in targets]
 
 
-@pytest.mark.parametrize("name", ["eesd", "eagle", "eagle3", "medusa", "hydra", "vanilla_sd"])
+@pytest.mark.parametrize("name", ["eesd", "eagle", "eagle3", "medusa", "hydra", "vanilla_sd", "space", "medusa2"])
 def test_trained_parts_run_as_q8_0_blocks_and_the_method_stays_lossless(name, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = q4_tiny_model("ggml")
     cfg = with_trained_part(name, target)
-    assert "f32" in part_kinds(build(name, target, cfg), target)  # what the option changes
+    method = "medusa" if name == "medusa2" else name  # Medusa-2 is Medusa's variant
+    assert "f32" in part_kinds(build(method, target, cfg), target)  # what the option changes
     target.draft_quant = "q8_0"
-    m = build(name, target, cfg)
+    m = build(method, target, cfg)
     kinds = part_kinds(m, target)
     assert kinds and set(kinds) <= {"q4_1", "q8_0"}, kinds
     assert str(m.describe().get("draft_quant")).startswith("q8_0 ("), m.describe()  # the run records it
     for prompt in PROMPTS:
         with torch.no_grad():
             got = m.generate(prompt, 24, frozenset(), 0)
-        assert got.tokens == ar_tokens(target, prompt, 24), f"{name} with draft_quant=q8_0 differs from AR on {prompt}"
+        # m.target: SPACE and Medusa-2 decode their fine-tuned copy, whose AR the run's baseline is
+        assert got.tokens == ar_tokens(m.target, prompt, 24), f"{name} with draft_quant=q8_0 differs from AR on {prompt}"
 
 
 def test_the_report_keeps_one_model_and_tells_the_rounded_parts_apart(tmp_path):

@@ -142,6 +142,8 @@ def load_medusa2(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MedusaHeads, 
     info = {"variant": "medusa2", "num_heads": heads.num_heads, "share_head": heads.share_head,
             "backbone": "lora" if structure["lora"] else "full",
             "heads_trained": ckpt is not None}
+    if ckpt is not None and "draft_quant" in ckpt:
+        info["backbone_draft_quant"] = ckpt["draft_quant"]  # the heads' own rounding is info["draft_quant"]
     heads_ckpt = None if ckpt is None else {"state": ckpt["state"].get("heads"), "path": ckpt["path"],
                                            "settings": ckpt.get("settings"), "fix": ckpt["fix"]}
     return ft, apply_checkpoint(heads, heads_ckpt, ft, info), info

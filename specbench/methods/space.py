@@ -34,7 +34,7 @@ import json
 import torch
 from torch import nn
 
-from specbench.models.artifacts import check_state, expected_state, load_checkpoint, trained_summary
+from specbench.models.artifacts import check_state, expected_state, load_checkpoint, rounded, trained_summary
 from specbench.engine.sampling import probs, sample
 from specbench.engine.transfer import take, upload
 from specbench.engine.tree import SPACE_MASK_RULES, space_indices, space_layout
@@ -77,6 +77,7 @@ def finetuned_copy(target: ModelAdapter, suffix: str, structure: dict) -> ModelA
     adapter = ModelAdapter(model, target.tokenizer, f"{target.name}-{suffix}")
     adapter.key = f"{target.key}-{suffix}-" + hashlib.sha1(json.dumps(structure, sort_keys=True).encode()).hexdigest()[:8]
     adapter.follow_execution(target)  # graphs mode decodes the copy too (an H200 saw SPACE capture nothing without it)
+    adapter.draft_quant = target.draft_quant  # parts trained beside the copy (Medusa-2's heads) are rounded as the target says
     return adapter
 
 
@@ -136,6 +137,8 @@ def load_finetuned(target: ModelAdapter, kind: str, structure: dict, cfg, missin
     ft.model.to(device=target.device, dtype=target.dtype).eval()
     for p in ft.model.parameters():
         p.requires_grad_(False)
+    if ckpt is not None:  # the fine-tuned weights are no longer the GGUF's blocks: the ggml* backends ran them as float32
+        ckpt = ckpt | rounded(ft.model, target)
     return ft, ckpt
 
 
@@ -146,6 +149,8 @@ def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, di
                               + TRAIN_CMD.format(model=target.name, k=structure["k"]) + "` or set method.allow_untrained=true")
     mask = MaskedEmbed(target, int(cfg.seed))
     info = {"k": structure["k"], "lora": structure["lora"], "space_trained": ckpt is not None}
+    if ckpt is not None and "draft_quant" in ckpt:
+        info["draft_quant"] = ckpt["draft_quant"]
     if ckpt is not None:
         mask.vector.data.copy_(ckpt["state"]["mask_embedding"].to(mask.vector.dtype))
         info["checkpoint"] = ckpt["path"]
