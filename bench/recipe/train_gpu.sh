@@ -30,10 +30,12 @@ PY=${PY:-python}
 OUTDIR=${OUTDIR:-$CACHE/recipe-logs}
 # PARTS (a subset of these names) trains fewer parts: a lent call of ~10 minutes fits phase 1 and ~7 minutes of
 # phase 2, and a second call on the same warm machine resumes each part (resume states every checkpoint_every)
+# e3-1-trained (EAGLE-3 with one unrolled step, not in the default set): the CPU measurement of why EAGLE-3 is below
+# EAGLE-2 at depth 1 (bench/eagle3_vs_eagle2.sh: the unroll) at this budget: PARTS="eagle e3-7-trained e3-1-trained"
 ALL="e3-7-target e3-7-trained e3-5-target e3-5-trained eagle eesd medusa"
 ORDER=${PARTS:-$ALL}
 for name in $ORDER; do
-  [[ " $ALL " == *" $name "* ]] || { echo "train_gpu.sh: error: PARTS names $name; allowed: $ALL" >&2; exit 2; }
+  [[ " $ALL e3-1-trained " == *" $name "* ]] || { echo "train_gpu.sh: error: PARTS names $name; allowed: $ALL e3-1-trained" >&2; exit 2; }
 done
 mkdir -p "$OUTDIR"
 echo "== $(date +%T) phase 1: data, labels, features"
@@ -56,6 +58,7 @@ CMD[e3-7-target]="-m specbench.train method=eagle3 method.ttt_steps=7 method.lm_
 CMD[e3-7-trained]="-m specbench.train method=eagle3 method.ttt_steps=7 method.lm_head=trained"
 CMD[e3-5-target]="-m specbench.train method=eagle3 method.ttt_steps=5 method.lm_head=target"
 CMD[e3-5-trained]="-m specbench.train method=eagle3 method.ttt_steps=5 method.lm_head=trained"
+CMD[e3-1-trained]="-m specbench.train method=eagle3 method.ttt_steps=1 method.lm_head=trained"
 CMD[eagle]="-m specbench.train method=eagle"
 CMD[eesd]="-m specbench.train method=eesd"
 CMD[medusa]="-m specbench.train method=medusa"
