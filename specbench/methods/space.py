@@ -149,11 +149,11 @@ def load_space(target: ModelAdapter, cfg) -> tuple[ModelAdapter, MaskedEmbed, di
                               + TRAIN_CMD.format(model=target.name, k=structure["k"]) + "` or set method.allow_untrained=true")
     mask = MaskedEmbed(target, int(cfg.seed))
     info = {"k": structure["k"], "lora": structure["lora"], "space_trained": ckpt is not None}
-    if ckpt is not None and "draft_quant" in ckpt:
-        info["draft_quant"] = ckpt["draft_quant"]
     if ckpt is not None:
         mask.vector.data.copy_(ckpt["state"]["mask_embedding"].to(mask.vector.dtype))
         info["checkpoint"] = ckpt["path"]
+        if "draft_quant" in ckpt:
+            info["draft_quant"] = ckpt["draft_quant"]
         info["train_settings"] = ckpt.get("settings")
         info["trained"] = trained_summary(ckpt.get("settings"))
     mask.to(device=target.device, dtype=target.dtype)
