@@ -55,17 +55,19 @@ def interleave(lists: list[list]) -> list:
 def held_out_by_domain(run, target, unseen_by: int | None = None):
     """(every sequence, {domain: held-out sequences}); `unseen_by`: also drop the held-out sequences that
     a run capped at train.max_sequences=unseen_by trained on, so drafts trained on different caps of the
-    same data are scored on text none of them saw (the split depends on the list only, not on labels)."""
+    same data are scored on text none of them saw (that run's cap keeps the first N: train.cap=first; the split
+    depends on the list only, not on labels)."""
     path = sequences_path(target, run.train.data, int(run.train.seed))
     if not path.is_file():
         raise SpecBenchError(f"no self-distillation data at {path}: generate it with `python -m specbench.train` and "
                              "these overrides first")
     from specbench.train.loop import split_held_out, with_labels
+    from specbench.train.session import capped
     full = load_sequences(target, run.train.data, None, int(run.train.seed))[0]
     cap = run.train.max_sequences
-    sequences = full[: int(cap)] if cap else full
-    domains = domains_of(target, run.train.data, int(run.train.seed)) or ["unknown"] * len(sequences)
-    of_seq = {tuple(s): d for (s, _), d in zip(sequences, domains)}
+    sequences = capped(full, int(cap), run.train.cap) if cap and len(full) > int(cap) else full
+    domains = domains_of(target, run.train.data, int(run.train.seed)) or ["unknown"] * len(full)
+    of_seq = {tuple(s): d for (s, _), d in zip(full, domains)}
     labelled = with_labels(target, sequences, run.train)
     train, held = split_held_out(labelled, run.train)
     every = train + held  # the trainer's list, in its order: the feature store's key

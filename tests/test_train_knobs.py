@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import UNIT_TRAIN, tiny_model, train_settings
+from helpers import UNIT_TRAIN, run_settings, tiny_model, train_settings
 
 
 from specbench.models.distill import teacher_labels
@@ -54,3 +54,22 @@ def test_train_loop_runs_its_steps_under_train_matmul(kind, on):
                                           "seed": 0, "checkpoint_every": None, "eval_every": None, "matmul": kind})
     train_loop("part", [p], loss_fn, [([1, 2, 3, 4], 1)] * 2, tcfg, 0, "cpu")
     assert seen == [on, on] and not torch.backends.cuda.matmul.allow_tf32
+
+
+@pytest.mark.parametrize("how", ["first", "spread"])
+def test_train_cap_decides_which_sequences_the_trainer_gets(how, monkeypatch):
+    """`train.cap` (session 58): the data lists its sources in blocks (generated GSM8K answers, general-domain
+    ones, original answers); `first` keeps the head of that list, `spread` keeps every source's share, and the
+    trainer gets what the setting says (a cap that ignored the setting would train a mix on GSM8K alone)."""
+    from specbench.train import session
+    data = [([i, i + 1], 1) for i in range(60)] + [([100 + i, 1], 1) for i in range(30)] + [([200 + i, 1], 1)
+                                                                                        for i in range(10)]
+    got = []
+    monkeypatch.setattr(session, "load_sequences", lambda *a: (data, None))
+    monkeypatch.setitem(session.TRAINERS, "probe", lambda target, cfg, seqs: got.append(seqs) or {})
+    cfg = run_settings("method=eesd", "train.max_sequences=20", f"train.cap={how}")
+    session.train_model(cfg, tiny_model(), trainer="probe")
+    source = [0 if s[0] < 100 else 1 if s[0] < 200 else 2 for s, _ in got[0]]
+    assert len(source) == 20
+    counts = (source.count(0), source.count(1), source.count(2))
+    assert counts == ((20, 0, 0) if how == "first" else (12, 6, 2))

@@ -11,12 +11,23 @@ set -eu
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-/work/shared/data} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-2}
 CACHE=${SPECBENCH_CACHE_DIR:-$HOME/.cache/specbench}
-DATA=$CACHE/distill/smollm2-135m-98362432-float32-6c2c81981204.json   # the key of train_gpu.sh's data settings
-# the data lives in the archive commit (docs/measurements.md), not in the checkout
-ARCHIVE=d21b3e424699a6bd38e558c007321ac699dd23cf:results/bench/eagle3/distill_gpu.json.xz
-[ -f "$DATA" ] || { mkdir -p "$CACHE/distill"; git show "$ARCHIVE" | xz -dc > "$DATA"; }
+mkdir -p "$CACHE/distill"
+if [ "${MIX:-0}" = 1 ]; then
+  # MIX=1: the GPU recipe's general-domain data (session 54, GENERAL=3000): the same 7,400 GSM8K sequences with
+  # 3,000 answers to ShareGPT prompts over 7 domains after the first 6,000; train.cap=spread takes the SEQS
+  # sequences evenly over all 10,400, so each source keeps its share (~58% GSM8K templates, 29% general, 13% original)
+  DATA=$CACHE/distill/smollm2-135m-98362432-float32-adff70f4e995.json
+  [ -f "$DATA" ] || xz -dc results/bench/gpu_general/distill_gpu_general.json.xz > "$DATA"
+  MIXED="train.data.general_prompts=3000 train.cap=spread"
+else
+  DATA=$CACHE/distill/smollm2-135m-98362432-float32-6c2c81981204.json   # the key of train_gpu.sh's data settings
+  # the data lives in the archive commit (docs/measurements.md), not in the checkout
+  ARCHIVE=d21b3e424699a6bd38e558c007321ac699dd23cf:results/bench/eagle3/distill_gpu.json.xz
+  [ -f "$DATA" ] || git show "$ARCHIVE" | xz -dc > "$DATA"
+  MIXED=""
+fi
 CMD="python -m specbench.train method=eesd model=smollm2-135m model.backend=eager threads=${THREADS:-2}
- train.data.num_prompts=6000 train.data.num_original=1400 train.data.max_new_tokens=192 train.data.batch_size=500
+ train.data.num_prompts=6000 train.data.num_original=1400 train.data.max_new_tokens=192 train.data.batch_size=500 $MIXED
  train.max_sequences=${SEQS:-3200} train.max_len=320 train.batch_size=8 train.max_steps=${STEPS:-1000} train.lr=1e-3
  train.warmup_steps=5 train.checkpoint_every=25 train.eval_every=50"
 nice -n 19 $CMD

@@ -49,6 +49,8 @@ def drop_unset_training_keys(train) -> None:
         train.pop("init", None)
     if train.get("distill") == "hard":  # the loss every run before the key trained with
         train.pop("distill", None)
+    if train.get("cap") == "first":  # the head of the data, as every cap before the key
+        train.pop("cap", None)
     if train.get("matmul") == "float32":  # exact float32, as every run before the key
         train.pop("matmul", None)
     train.pop("prefill_batch_size", None)  # speed only: the same labels and features at any batch, up to rounding

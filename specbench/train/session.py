@@ -25,6 +25,15 @@ SOFT_TRAINERS = ("eesd", "space")  # trainers that read train.distill
 __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
 
 
+def capped(sequences: list, cap: int, how: str) -> list:
+    """`cap` of the sequences: the first ones (generated GSM8K answers come first, then general-domain
+    ones, then the original answers), or evenly spaced over all of them, so that a mix keeps each
+    source's share (train.cap=spread)."""
+    if how == "first":
+        return sequences[:cap]
+    return [sequences[i * len(sequences) // cap] for i in range(cap)]
+
+
 def train_model(cfg, target, trainer: str | None = None) -> dict:
     """Train with an already loaded target (`cfg`: the run's settings, specbench/config/settings.py;
     `trainer`: a TRAINERS name, default the method's)."""
@@ -39,8 +48,7 @@ def train_model(cfg, target, trainer: str | None = None) -> dict:
     sequences, stopped = load_sequences(target, cfg.train.data, data_dir, int(cfg.train.seed))
     cap = cfg.train.max_sequences
     if cap and len(sequences) > int(cap):
-        # generated sequences come first: keep them all, cap the original text
-        sequences = sequences[: int(cap)]
+        sequences = capped(sequences, int(cap), cfg.train.cap)
     # the parts' initial weights (random where not copied from the target) and dropout: seeded, so
     # the same setting trains the same bytes
     torch.manual_seed(int(cfg.train.seed))
