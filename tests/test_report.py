@@ -357,3 +357,37 @@ def test_environment_records_the_cpu_model():
     assert environment()["cpu_model"] == cpu_model() and cpu_model()
     if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():
         assert cpu_model() not in ("x86_64", "aarch64")
+
+
+def test_many_category_systems_are_a_grid_and_labels_skip_what_the_method_never_reads(tmp_path, monkeypatch):
+    """Session 58: the leaderboard's MT-Bench category plot had 31 bar series and a legend wider than the
+    plot, whose EAGLE labels carried Self-SD's skip-search settings (runs stored before those left
+    EAGLE's identity). Past plots.MAX_BARS systems the plot is a grid (acceptance by position past
+    plots.MAX_LINES); a method without a skip set is not
+    told apart by the skip search's settings, Self-SD is."""
+    from specbench.report import plots
+
+    root = tmp_path / "runs"
+    cats = ["writing", "math", "coding"]
+    search = {"train": {"first_use": {"skip_search": {"k": 4}}}}
+    for depth in range(plots.MAX_BARS + 1):
+        make_run(root, task="mt_bench", method="eagle", name=f"eagle-d{depth}", categories=cats,
+                 extra={"method": {"name": "eagle", "depth": depth, "train_if_missing": True},
+                        **(search if depth % 2 else {})})
+    make_run(root, task="mt_bench", method="self_sd", name="sd-a", categories=cats,
+             extra={"method": {"name": "self_sd", "skip": {"source": "search"}, "train_if_missing": True}, **search})
+    make_run(root, task="mt_bench", method="self_sd", name="sd-b", categories=cats,
+             extra={"method": {"name": "self_sd", "skip": {"source": "search"}, "train_if_missing": True}})
+    grids, position_grids = [], []
+    monkeypatch.setattr(plots, "_category_grid", lambda dm, *a: grids.append(list(dm["label"])))
+    monkeypatch.setattr(plots, "_position_grid", lambda dm, *a: position_grids.append(len(dm)))
+    out = report([root], tmp_path / "rep")
+    assert len(grids) == 1 and len(grids[0]) == plots.MAX_BARS + 3
+    assert position_grids == [plots.MAX_BARS + 3]  # past MAX_LINES systems: no curves
+    assert any(p.name.startswith("time_breakdown_") for p in out["plots"])
+    eagle = [n for n in grids[0] if n.startswith("eagle")]
+    assert eagle and not any("skip_search" in n for n in eagle), eagle
+    assert sum("skip_search" in n for n in grids[0] if n.startswith("self_sd")) == 1
+    monkeypatch.undo()  # and drawn for real
+    names = {p.name.split("_smollm")[0].split("_tiny")[0] for p in report([root], tmp_path / "rep2")["plots"]}
+    assert {"speedup_by_category", "acceptance_by_position", "time_breakdown"} <= names, names

@@ -30,13 +30,21 @@ def fingerprint(cfg: DictConfig) -> dict:
         c.pop("timing")
     if (c.get("model") or {}).get("draft_quant") == "none":  # likewise: float trained parts, as before the key
         c["model"].pop("draft_quant")
+    drop_unread_training_keys(c)
+    fingerprint_engine(c)
+    return c
+
+
+def drop_unread_training_keys(c: dict) -> None:
+    """A config's `train` group, in place, as far as its method can read it: the whole group goes for a
+    method that never trains on first use, the skip search's keys for one without a skip set, and
+    keys added later go while unset. Also what the report applies to stored runs' configs, so runs
+    recorded before a key left the identity are not told apart by it."""
     if not trains_on_first_use(c):
         c.pop("train", None)
     drop_unset_training_keys(c.get("train"))
     if "skip" not in (c.get("method") or {}):  # only a method with a skip set (Self-SD) searches one on first use
         ((c.get("train") or {}).get("first_use") or {}).pop("skip_search", None)
-    fingerprint_engine(c)
-    return c
 
 
 def drop_unset_training_keys(train) -> None:

@@ -8,6 +8,7 @@ tables and the plots.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import defaultdict
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.core.errors import SpecBenchError
-from specbench.config.identity import trains_on_first_use
+from specbench.config.identity import drop_unread_training_keys
 from specbench.run.rundir import moved_aside, read_finished
 
 # fingerprint keys that never make two runs different systems
@@ -226,8 +227,8 @@ def find_runs(dirs, allow_empty: bool = False) -> list[Run]:
             if summary.get("engine") == "vllm":  # per batch size, not per sample: specbench.vllm_engine.report
                 continue
             config, _ = read_finished(rd, summary)  # refuses a run in progress, damaged or mixed
-            if not trains_on_first_use(config):  # as the run's identity: `train` cannot matter to it
-                config = {k: v for k, v in config.items() if k != "train"}
+            config = copy.deepcopy(config)
+            drop_unread_training_keys(config)  # as the run's identity: keys the method cannot read
             runs.append(Run(rd, summary, _flatten(config)))
     if not runs and not allow_empty:
         raise SpecBenchError("no run dirs (holding summary.json) under " + ", ".join(str(d) for d in dirs))

@@ -25,7 +25,7 @@ def _runs_of(df: pd.DataFrame) -> list[Run]:
     return [r for g in df["group"] for r in g.runs]
 
 
-def _finish(fig, df, path: Path, labels, written: list[Path]):
+def _finish(fig, df, path: Path, labels, written: list[Path], top: float = 1.0):
     import matplotlib.pyplot as plt
 
     width = max(50, int(fig.get_figwidth() * 15))  # 7.5 pt monospace: ~16 characters per inch
@@ -33,7 +33,7 @@ def _finish(fig, df, path: Path, labels, written: list[Path]):
     n_lines = text.count("\n") + 1
     h = fig.get_figheight()
     bottom = (0.12 + 0.17 * n_lines) / h
-    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.tight_layout(rect=(0, bottom, 1, top))
     fig.text(0.01, 0.01, text, fontsize=7.5, color="0.25", va="bottom", ha="left", family="monospace")
     fig.savefig(path, dpi=120, bbox_inches="tight")  # keep outside legends and long footers
     plt.close(fig)
@@ -50,6 +50,11 @@ def _subplots(n, w=6.0, h=4.2, extra_h=0.8):
     for a in flat[n:]:
         a.set_visible(False)
     return fig, flat[:n]
+
+
+def _short(label: str, n: int = 72) -> str:
+    """A label cut to `n` characters (a Hydra tree or a file path in a label would take the figure)."""
+    return label if len(label) <= n else label[: n - 1] + "…"
 
 
 def _skip(name, why):
@@ -125,6 +130,9 @@ def plot_position_acceptance(df, out, labels, written):
         return _skip("acceptance_by_position", "no runs with drafting steps")
     for model, dm in d.groupby("model"):
         settings = list(dict.fromkeys(dm["setting"]))
+        if max((dm["setting"] == s).sum() for s in settings) > MAX_LINES:  # curves would hide each other
+            _position_grid(dm, settings, model, out, labels, written)
+            continue
         fig, axes = _subplots(len(settings))
         for ax, s in zip(axes, settings):
             for j, (_, h) in enumerate(dm[dm["setting"] == s].iterrows()):
@@ -147,32 +155,71 @@ def plot_position_acceptance(df, out, labels, written):
         _finish(fig, dm, out / f"acceptance_by_position_{_slug(model)}.png", labels, written)
 
 
+MAX_LINES = 6  # systems per panel drawn as curves by plot_position_acceptance; more: a grid
+GRID_POSITIONS = 10  # positions the grid shows (deeper ones are rarely drafted)
+
+
+def _position_grid(dm, settings, model, out, labels, written):
+    """Unconditional acceptance by position: one panel per setting, one row per system, written in each cell."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = list(dict.fromkeys(dm["label"]))
+    longest = max(len(_short(n)) for n in names)
+    fig, axes = plt.subplots(1, len(settings), sharey=True, squeeze=False,
+                             figsize=(2.0 + 0.055 * longest + 5.0 * len(settings), 2.0 + 0.28 * len(names)))
+    for ax, s in zip(axes[0], settings):
+        grid = np.full((len(names), GRID_POSITIONS), np.nan)
+        for _, h in dm[dm["setting"] == s].iterrows():
+            for i, r in enumerate(h["pos_rate"][:GRID_POSITIONS]):
+                grid[names.index(h["label"]), i] = np.nan if r is None else r
+        ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
+        ax.set_xticks(range(GRID_POSITIONS))
+        ax.set_xticklabels(range(1, GRID_POSITIONS + 1))
+        ax.set_xlabel("draft position i (a tree: depth i)")
+        ax.set_title(setting_name(*s), fontsize=9)
+    axes[0, 0].set_yticks(range(len(names)))
+    axes[0, 0].set_yticklabels([_short(n, 60) for n in names], fontsize=7)
+    # each cell carries its number, so no colour bar (it would not fit tight_layout beside shared panels)
+    fig.suptitle(f"Acceptance by draft position, model {model}: accepted at i / drafts with a position i "
+                 "(dark 0 .. yellow 1; blank: never drafted there)")
+    _finish(fig, dm, out / f"acceptance_by_position_{_slug(model)}.png", labels, written)
+
+
 def plot_time_breakdown(df, out, labels, written):
     import matplotlib.pyplot as plt
     import numpy as np
 
     for model, dm in df.groupby("model"):
+        # one panel per setting, side by side, one row per system (a system a setting lacks: an empty row)
         settings = list(dict.fromkeys(dm["setting"]))
-        heights = [1.2 + 0.38 * (1 + (dm["setting"] == s).sum()) for s in settings]
-        fig, axes = plt.subplots(len(settings), 1, figsize=(11.0, sum(heights) + 1.3), squeeze=False,
-                                 gridspec_kw={"height_ratios": heights})
-        for ax, s in zip(axes[:, 0], settings):
+        names = ["AR"] + list(dict.fromkeys(dm["label"]))
+        row = {n: i for i, n in enumerate(names)}
+        longest = max(len(_short(n)) for n in names)  # 8 pt labels: ~0.065 inch a character
+        fig, axes = plt.subplots(1, len(settings), sharey=True, squeeze=False,
+                                 figsize=(2.0 + 0.065 * longest + 3.6 * len(settings), 2.2 + 0.26 * len(names)))
+        for ax, s in zip(axes[0], settings):
             ds = dm[dm["setting"] == s]
-            names = ["AR"] + list(ds["label"])
-            left = np.zeros(len(names))
+            rows = [0] + [row[n] for n in ds["label"]]
+            left = np.zeros(len(rows))
             for p, pname in PHASES:
                 vals = np.array([mean_std(ds[f"ar_tps_{p}"])[0] or 0.0] + [v or 0.0 for v in ds[f"tps_{p}"]])
-                ax.barh(range(len(names)), vals, left=left, label=pname)
+                ax.barh(rows, vals, left=left, label=pname)
                 left += vals
-            ax.set_yticks(range(len(names)))
-            ax.set_yticklabels(names, fontsize=8)
-            ax.invert_yaxis()
             ax.set_xlabel("seconds per sample")
-            ax.set_title(setting_name(*s), fontsize=10)
+            ax.set_title(setting_name(*s), fontsize=9)
             ax.grid(axis="x", alpha=0.3)
-        axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        first = axes[0, 0]
+        first.set_yticks(range(len(names)))
+        first.set_yticklabels([_short(n) for n in names], fontsize=8)
+        first.invert_yaxis()  # shared: once
+        handles, texts = first.get_legend_handles_labels()
+        fig.legend(handles, texts, fontsize=8, ncol=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, 0.995 - 0.45 / fig.get_figheight()))
         fig.suptitle(f"Time breakdown per sample, model {model} (cf. EESD Table 8)")
-        _finish(fig, dm, out / f"time_breakdown_{_slug(model)}.png", labels, written)
+        _finish(fig, dm, out / f"time_breakdown_{_slug(model)}.png", labels, written, top=1 - 0.8 / fig.get_figheight())
 
 
 def plot_categories(df, out, labels, written):
@@ -183,6 +230,9 @@ def plot_categories(df, out, labels, written):
         return _skip("speedup_by_category", "no runs with per-category results (e.g. task=mt_bench)")
     for (model, task), dm in d.groupby(["model", "task"]):
         cats = sorted({c for v in dm["per_category"] for c in v})
+        if len(dm) > MAX_BARS:  # one bar per system and category stops being readable: a table of colours
+            _category_grid(dm, cats, model, task, out, labels, written)
+            continue
         fig, axes = _subplots(1, w=max(7.0, 1.1 * len(cats) + 2), h=4.6)
         ax = axes[0]
         width = 0.8 / len(dm)
@@ -198,20 +248,66 @@ def plot_categories(df, out, labels, written):
         _finish(fig, dm, out / f"speedup_by_category_{_slug(model)}_{_slug(task)}.png", labels, written)
 
 
+MAX_BARS = 8  # systems per category plot drawn as bars; more are drawn as a grid
+MAX_POINT_LABELS = 20  # runs labelled one by one in predicted_vs_measured; more: by method and task
+
+
+def _category_grid(dm, cats, model, task, out, labels, written):
+    """Speedup per system (row) and category (column), coloured around 1.0 (red: slower than AR) and
+    written in each cell."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    grid = np.array([[h["per_category"].get(c, np.nan) for c in cats] for _, h in dm.iterrows()], dtype=float)
+    lo, hi = np.nanmin(grid), np.nanmax(grid)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.99), vmax=max(hi, 1.01))
+    names = [_short(n) for n in dm["label"]]
+    # the labels' width (7 pt: ~0.055 inch a character) comes on top of the cells'
+    fig, ax = plt.subplots(figsize=(2.5 + 0.055 * max(map(len, names)) + 0.75 * len(cats), 1.6 + 0.3 * len(dm)))
+    image = ax.imshow(grid, cmap="RdBu", norm=norm, aspect="auto")
+    for (i, j), v in np.ndenumerate(grid):
+        if not np.isnan(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if abs(norm(v) - 0.5) > 0.35 else "black")
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=30, ha="right")
+    ax.set_yticks(range(len(dm)))
+    ax.set_yticklabels(names, fontsize=7)
+    fig.colorbar(image, ax=ax, label="speedup over AR (x)", shrink=0.5, pad=0.02)
+    ax.set_title(f"Speedup per {task} category, model {model}")
+    _finish(fig, dm, out / f"speedup_by_category_{_slug(model)}_{_slug(task)}.png", labels, written)
+
+
 def plot_predicted(df, out, labels, written):
+    import matplotlib
+
     d = df[df["predicted"].notna() & df["speedup"].notna()]
     if d.empty:
         return _skip("predicted_vs_measured", "no runs with a predicted speedup (profile.enabled=true)")
     fig, axes = _subplots(1, w=11.0, h=6.0)
     ax = axes[0]
     markers = "osD^vP*X"
+    many = len(d) > MAX_POINT_LABELS
+    colours = matplotlib.colormaps["tab20"]
+    bases = sorted({lab.split(" (")[0] for lab in d["label"]})
+    wheres = []
     for n, (_, h) in enumerate(d.iterrows()):
         xs = [r.summary.get("predicted_speedup") for r in h["group"].runs]
         ys = [r.summary.get("speedup") for r in h["group"].runs]
         multi = d[d["task"] == h["task"]]["setting"].nunique() > 1
         where = setting_name(*h["setting"]) if multi else h["task"]
-        # many runs: vary marker and colour together so no two legend entries look alike
-        ax.scatter(xs, ys, s=40, marker=markers[n // 10 % len(markers)], label=f"{h['label']} / {where}")
+        if many:  # a legend entry per run would outgrow the plot: colour = method, marker = task
+            wheres += [where] if where not in wheres else []
+            ax.scatter(xs, ys, s=30, color=colours(bases.index(h["label"].split(" (")[0]) % 20),
+                       marker=markers[wheres.index(where) % len(markers)])
+        else:  # vary marker and colour together so no two legend entries look alike
+            ax.scatter(xs, ys, s=40, marker=markers[n // 10 % len(markers)], label=f"{_short(h['label'])} / {where}")
+    if many:
+        for i, b in enumerate(bases):
+            ax.scatter([], [], s=30, color=colours(i % 20), marker="o", label=b)
+        for i, w in enumerate(wheres):
+            ax.scatter([], [], s=30, color="0.4", marker=markers[i % len(markers)], label=w)
     lim = [0, max(1.1, float(max(d["predicted"].max(), d["speedup"].max())) * 1.1)]
     ax.plot(lim, lim, "k--", lw=1, label="y = x")
     ax.set_xlim(lim)
