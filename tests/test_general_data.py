@@ -126,15 +126,38 @@ def test_init_starts_eagle3_from_the_draft_with_the_new_vocabulary(data_dir, tmp
         if k not in ("d2t", "t2d"):
             assert torch.allclose(a[k], b[k], atol=1e-8), k
     assert not torch.equal(a["d2t"], b["d2t"])  # another data set, another ranking
-    init = artifacts.checkpoint_meta(tuned)["settings"]["init"]
-    assert init == {"from": str(first), "file": first.name, "sha256": artifacts.file_sha256(first)}
+    settings, first_settings = artifacts.checkpoint_meta(tuned)["settings"], artifacts.checkpoint_meta(first)["settings"]
+    first_budget = artifacts.trained_summary(first_settings)
+    assert settings["init"] == {"from": str(first), "file": first.name, "sha256": artifacts.file_sha256(first),
+                                "trained": first_budget}
+    # the record a run prints (and the leaderboard's budget column) names both budgets, the fine-tune's first
+    summary = artifacts.trained_summary(settings)
+    assert summary.startswith(f"fine-tuned {settings['steps']} steps on {settings['train_sequences']} sequences")
+    assert summary.endswith(f" from {first_budget}") and first_budget.startswith(f"{first_settings['steps']} steps")
     fresh = train_in(tmp_path / "c", monkeypatch, cfg_for(data_dir, "eagle3", "method.draft_vocab_size=200",
                                                           "train.lr=1e-12", "train.seed=3", "train.data.num_prompts=3"))
     assert any(not torch.allclose(tensors(fresh)[k], b[k], atol=1e-3) for k in b if k not in ("d2t", "t2d"))  # init mattered
 
 
+def test_init_starts_eagle2_from_the_head_and_records_both_budgets(data_dir, tmp_path, monkeypatch):
+    """EAGLE-2's head fine-tuned at lr ~0 is its init exactly (no vocabulary of its own to remap); without
+    the init the same run differs; the record names the init's bytes and budget."""
+    first = train_in(tmp_path / "a", monkeypatch, cfg_for(data_dir, "eagle"))
+    args = ("train.lr=1e-12", "train.seed=3", "train.data.num_prompts=3")
+    tuned = train_in(tmp_path / "b", monkeypatch, cfg_for(data_dir, "eagle", f"train.init={first}", *args))
+    a, b = tensors(first), tensors(tuned)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-8) for k in a)
+    fresh = tensors(train_in(tmp_path / "c", monkeypatch, cfg_for(data_dir, "eagle", *args)))
+    assert any(not torch.allclose(fresh[k], b[k], atol=1e-3) for k in b)  # init mattered
+    settings = artifacts.checkpoint_meta(tuned)["settings"]
+    first_budget = artifacts.trained_summary(artifacts.checkpoint_meta(first)["settings"])
+    assert settings["init"] == {"from": str(first), "file": first.name, "sha256": artifacts.file_sha256(first),
+                                "trained": first_budget}
+    assert artifacts.trained_summary(settings).endswith(f" from {first_budget}")
+
+
 def test_init_is_refused_by_a_trainer_that_does_not_read_it(data_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
-    with pytest.raises(SpecBenchError, match=r"train.init='auto'.*eagle3 only, not eesd"):
+    with pytest.raises(SpecBenchError, match=r"train.init='auto'.*eagle3, eagle only, not eesd"):
         train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eesd", "train.init=auto"))
     assert not (tmp_path / "distill").exists()  # refused before any data was generated

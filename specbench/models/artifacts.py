@@ -240,16 +240,28 @@ def load_checkpoint(kind: str, model_key: str, structure: dict, where="auto", re
     return ckpt
 
 
+def init_record(where, path: Path, info: dict) -> dict:
+    """train.init's entry in a fine-tune's settings: what it started from (as given, the file, its bytes) and
+    that file's own budget (`info["trained"]`, from its loader), so the record carries both budgets."""
+    return {"from": str(where), "file": path.name, "sha256": file_sha256(path) if path.is_file() else None,
+            "trained": info.get("trained")}
+
+
 def trained_summary(settings: dict | None) -> str | None:
     """'N steps on M sequences, held-out agreement a -> b' for a run's settings line."""
     if not settings:
         return None
     text = f"{settings.get('steps')} steps on {settings.get('train_sequences')} sequences"
+    init = settings.get("init") or {}
+    if init:  # a fine-tune (train.init): its steps, then what it started from
+        text = "fine-tuned " + text
     if settings.get("held_out_agreement_after") is not None:
         text += f", held-out agreement {settings.get('held_out_agreement_before', 0):.3f} -> {settings['held_out_agreement_after']:.3f}"
     if settings.get("capped"):
         text += " (stopped early by a safety cap: " + ", ".join(
             c for c in (settings.get("stopped_by"), (settings.get("data") or {}).get("stopped_by")) if str(c).startswith("train.")) + ")"
+    if init:
+        text += f" from {init.get('trained') or init.get('file')}"
     return text
 
 

@@ -17,12 +17,15 @@ head pass per position). The authors also add uniform noise to the input feature
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import save_checkpoint
+from specbench.models.artifacts import find_checkpoint, init_record, save_checkpoint
 from specbench.core.errors import choice_error
-from specbench.methods.eagle_head import EagleHead, training_pairs
+from specbench.methods.eagle_head import EagleHead, load_eagle, training_pairs
 from specbench.models import ModelAdapter
 from specbench.train.features import target_features
 from specbench.train.loop import (
@@ -74,10 +77,21 @@ def eagle_loss(target: ModelAdapter, head: EagleHead, ids, labels, w_reg: float 
 first_use("eagle")(checkpoint_part("the EAGLE-2 draft head", "eagle", lambda m: {"layers": 1, "bias": bool(m.bias)}))
 
 
+def start_from(target: ModelAdapter, head: EagleHead, mcfg, where) -> dict:
+    """train.init: start from a trained head (`auto`: the one a run loads, the cache's or the published
+    one; or a path) instead of the target's layer, to fine-tune it on other data (the head has no
+    vocabulary of its own: it reads out through the target's LM head)."""
+    old, info = load_eagle(target, replace(mcfg, checkpoint=str(where), allow_untrained=False))
+    head.load_state_dict(old.state_dict())
+    path = find_checkpoint("eagle", target.key, head.structure()) if where == "auto" else Path(str(where)).expanduser()
+    return init_record(where, path, info)
+
+
 @trainer("eagle")
 def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     mcfg, tcfg = cfg.method, cfg.train
     head = EagleHead(target, bool(mcfg.bias))
+    start = start_from(target, head, mcfg, tcfg.init) if tcfg.init else None
     for p in head.parameters():
         p.requires_grad_(True)
     head.train()
@@ -100,6 +114,7 @@ def train_eagle(target: ModelAdapter, cfg, sequences) -> dict:
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     head.eval()
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)
+    settings |= {"init": start} if start else {}
     state = {k: v.detach().cpu() for k, v in head.state_dict().items()}
     path = save_checkpoint("eagle", target.key, head.structure(), state, settings)
     write_log(path, log, settings)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import file_sha256, find_checkpoint, save_checkpoint
+from specbench.models.artifacts import find_checkpoint, init_record, save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
 from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, load_eagle3, structure_of, tap_layers
 from specbench.models import ModelAdapter
@@ -170,11 +170,11 @@ def start_from(target: ModelAdapter, head: Eagle3Head, mcfg, where, own_vocab: b
     With lm_head=target the vocabulary maps are the new data's: the head's rows are the target's at
     them (init_from_target), and the fc and decoder layer do not depend on them; with a trained head
     the maps and the head are the draft's own."""
-    old, _ = load_eagle3(target, replace(mcfg, checkpoint=str(where), allow_untrained=False))
+    old, info = load_eagle3(target, replace(mcfg, checkpoint=str(where), allow_untrained=False))
     keep = {"d2t", "t2d", "lm_head.weight"} if own_vocab else set()
     head.load_state_dict({k: v for k, v in old.state_dict().items() if k not in keep}, strict=False)
     path = find_checkpoint("eagle3", target.key, structure_of(mcfg)) if where == "auto" else Path(str(where)).expanduser()
-    return {"from": str(where), "file": path.name, "sha256": file_sha256(path) if path.is_file() else None}
+    return init_record(where, path, info)
 
 
 first_use("eagle3")(checkpoint_part("the EAGLE-3 draft", "eagle3", structure_of))

@@ -19,7 +19,7 @@ from specbench.train.trainers import TRAINERS
 # first-use parts of its methods (`first_use`), so a new trainer is its file, listed nowhere
 import_submodules("specbench.train")
 
-INIT_TRAINERS = ("eagle3",)  # trainers that read train.init
+INIT_TRAINERS = ("eagle3", "eagle")  # trainers that read train.init
 SOFT_TRAINERS = ("eesd", "space")  # trainers that read train.distill
 
 __all__ = ["FIRST_USE", "TRAINERS", "train_model"]
