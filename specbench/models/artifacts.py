@@ -240,13 +240,6 @@ def load_checkpoint(kind: str, model_key: str, structure: dict, where="auto", re
     return ckpt
 
 
-def init_record(where, path: Path, info: dict) -> dict:
-    """train.init's entry in a fine-tune's settings: what it started from (as given, the file, its bytes) and
-    that file's own budget (`info["trained"]`, from its loader), so the record carries both budgets."""
-    return {"from": str(where), "file": path.name, "sha256": file_sha256(path) if path.is_file() else None,
-            "trained": info.get("trained")}
-
-
 def trained_summary(settings: dict | None) -> str | None:
     """'N steps on M sequences, held-out agreement a -> b' for a run's settings line."""
     if not settings:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import find_checkpoint, init_record, save_checkpoint
+from specbench.models.artifacts import find_checkpoint, save_checkpoint
 from specbench.core.errors import choice_error
 from specbench.methods.eagle_head import EagleHead, load_eagle, training_pairs
 from specbench.models import ModelAdapter
@@ -38,7 +38,7 @@ from specbench.train.loop import (
     with_labels,
     write_log,
 )
-from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.parts import checkpoint_part, first_use, init_record
 from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 

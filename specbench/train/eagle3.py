@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import find_checkpoint, init_record, save_checkpoint
+from specbench.models.artifacts import find_checkpoint, save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
 from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, load_eagle3, structure_of, tap_layers
 from specbench.models import ModelAdapter
 from specbench.train.features import target_features
 from specbench.train.loop import eval_loss, pad_batch, pad_id, run_settings, split_held_out, train_loop, with_labels, write_log
-from specbench.train.parts import checkpoint_part, first_use
+from specbench.train.parts import checkpoint_part, first_use, init_record
 from specbench.train.resume import resume_for
 from specbench.train.trainers import trainer
 

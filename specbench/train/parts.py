@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.config import settings
-from specbench.models.artifacts import find_checkpoint
+from specbench.models.artifacts import file_sha256, find_checkpoint
 
 FIRST_USE: dict[str, Callable] = {}  # method name -> (cfg, target) -> [Part]
 
@@ -69,3 +69,10 @@ def checkpoint_part(what: str, kind: str, structure: Callable, trainer: str | No
         return [Part(what, path, name, train_minutes, name)]
 
     return parts
+
+
+def init_record(where, path: Path, info: dict) -> dict:
+    """train.init's entry in a fine-tune's settings: what it started from (as given, the file, its bytes) and
+    that file's own budget (`info["trained"]`, from its loader), so the record carries both budgets."""
+    return {"from": str(where), "file": path.name, "sha256": file_sha256(path) if path.is_file() else None,
+            "trained": info.get("trained")}
