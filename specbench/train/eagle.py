@@ -18,12 +18,11 @@ head pass per position). The authors also add uniform noise to the input feature
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import find_checkpoint, save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.core.errors import choice_error
 from specbench.methods.eagle_head import EagleHead, load_eagle, training_pairs
 from specbench.models import ModelAdapter
@@ -83,8 +82,7 @@ def start_from(target: ModelAdapter, head: EagleHead, mcfg, where) -> dict:
     vocabulary of its own: it reads out through the target's LM head)."""
     old, info = load_eagle(target, replace(mcfg, checkpoint=str(where), allow_untrained=False))
     head.load_state_dict(old.state_dict())
-    path = find_checkpoint("eagle", target.key, head.structure()) if where == "auto" else Path(str(where)).expanduser()
-    return init_record(where, path, info)
+    return init_record("eagle", target.key, head.structure(), where, info)
 
 
 @trainer("eagle")

@@ -20,12 +20,11 @@ eagle/traineagle3/cnets.py `Model.forward` does.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from specbench.models.artifacts import find_checkpoint, save_checkpoint
+from specbench.models.artifacts import save_checkpoint
 from specbench.methods.draft_vocab import rank_tokens, subset_ids
 from specbench.methods.eagle3_head import Eagle3Head, draft_size, lm_head_mode, load_eagle3, structure_of, tap_layers
 from specbench.models import ModelAdapter
@@ -173,8 +172,7 @@ def start_from(target: ModelAdapter, head: Eagle3Head, mcfg, where, own_vocab: b
     old, info = load_eagle3(target, replace(mcfg, checkpoint=str(where), allow_untrained=False))
     keep = {"d2t", "t2d", "lm_head.weight"} if own_vocab else set()
     head.load_state_dict({k: v for k, v in old.state_dict().items() if k not in keep}, strict=False)
-    path = find_checkpoint("eagle3", target.key, structure_of(mcfg)) if where == "auto" else Path(str(where)).expanduser()
-    return init_record(where, path, info)
+    return init_record("eagle3", target.key, structure_of(mcfg), where, info)
 
 
 first_use("eagle3")(checkpoint_part("the EAGLE-3 draft", "eagle3", structure_of))

@@ -71,8 +71,10 @@ def checkpoint_part(what: str, kind: str, structure: Callable, trainer: str | No
     return parts
 
 
-def init_record(where, path: Path, info: dict) -> dict:
+def init_record(kind: str, target_key: str, structure: dict, where, info: dict) -> dict:
     """train.init's entry in a fine-tune's settings: what it started from (as given, the file, its bytes) and
-    that file's own budget (`info["trained"]`, from its loader), so the record carries both budgets."""
+    that file's own budget (`info["trained"]`, from its loader), so the record carries both budgets. `auto`
+    names the file a run of `kind` loads (the cache's, else the published one)."""
+    path = find_checkpoint(kind, target_key, structure) if where == "auto" else Path(str(where)).expanduser()
     return {"from": str(where), "file": path.name, "sha256": file_sha256(path) if path.is_file() else None,
             "trained": info.get("trained")}
