@@ -6,7 +6,8 @@
 # out), reading the "final" column of the features those recipes cache (no new prefill when they ran first).
 # STEPS (default 600) optimiser steps of 8, lr 1e-3 cosine, 5 warm-up steps (the published CPU heads' schedule:
 # 200 steps of 8 on 807 sequences). Two threads, niced. A rerun resumes (resume states every 25 steps).
-# PUBLISH=1 ships it.
+# MINUTES=N adds the safety cap train.max_minutes=N (not part of the resume key): the heads published in session 60
+# are a resumed run stopped by MINUTES=58 at step 489 of 600 (the command in their .json). PUBLISH=1 ships it.
 set -eu
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-/work/shared/data} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-2}
@@ -17,7 +18,7 @@ DATA=$CACHE/distill/smollm2-135m-98362432-float32-adff70f4e995.json
 CMD="python -m specbench.train method=hydra method.num_heads=3 model=smollm2-135m model.backend=eager threads=${THREADS:-2}
  train.data.num_prompts=6000 train.data.num_original=1400 train.data.max_new_tokens=192 train.data.batch_size=500
  train.data.general_prompts=3000 train.cap=spread train.max_sequences=3200 train.max_len=320 train.batch_size=8
- train.lr=1e-3 train.warmup_steps=5 train.max_steps=${STEPS:-600} train.checkpoint_every=25 train.eval_every=50"
+ train.lr=1e-3 train.warmup_steps=5 train.max_steps=${STEPS:-600} train.checkpoint_every=25 train.eval_every=50${MINUTES:+ train.max_minutes=$MINUTES}"
 nice -n 19 $CMD
 [ "${PUBLISH:-0}" = 1 ] || exit 0
 ck=$(ls -t "$CACHE/hydra"/smollm2-135m-*.safetensors | grep -v resume | head -1)
