@@ -1,15 +1,15 @@
 #!/bin/bash
 # The EAGLE drafts fine-tuned on the general-domain mix on this CPU (issue 44): METHOD=eagle3 (the default; the
-# draft published since session 59) or METHOD=eagle (EAGLE-2's head, published since session 60). Each starts
-# from the draft the GPU recipe trained on GSM8K prompts only (session 14: 1000 steps of 32 on 6,660 sequences; EAGLE-3 with ttt 5 and the target's head; published until
-# session 59, restored from git below) and continues on the GPU recipe's general mix (session 54's 10,400
-# sequences: 7,400 GSM8K, 3,000 answers to ShareGPT prompts over 7 domains), capped at 3,200 with
-# train.cap=spread (each source keeps its share; the same sequences and held-out split as EESD's recipe,
-# train_eesd_cpu.sh). EAGLE-3's vocabulary maps become the mix's (lm_head=target: the head is the target's rows
-# at them); fc and the decoder layer start from the draft. 1000 optimiser steps of 8 (~2.8 passes), lr 3e-4
-# cosine, 5 warm-up steps (EAGLE-2: 600 steps, its STEPS default); two threads, niced (session 59, a 2-core Intel
-# Xeon VM, EAGLE-3: the features prefill ~18 min with the teacher labels cached from EESD's run, the 1000 steps ~48 min at ~2.9 s a step; EAGLE-2
-# reads the "final" column of the same features).
+# draft published since session 59) or METHOD=eagle (EAGLE-2's head, published since session 60). Each starts from
+# the draft the GPU recipe trained on GSM8K prompts only (session 14: 1000 steps of 32 on 6,660 sequences; EAGLE-3
+# with ttt 5 and the target's head; published until session 59, restored from git below) and continues on the GPU
+# recipe's general mix (session 54's 10,400 sequences: 7,400 GSM8K, 3,000 answers to ShareGPT prompts over 7
+# domains), capped at 3,200 with train.cap=spread (each source keeps its share; the same sequences and held-out
+# split as EESD's recipe, train_eesd_cpu.sh). EAGLE-3's vocabulary maps become the mix's (lm_head=target: the head
+# is the target's rows at them); fc and the decoder layer start from the draft. 1000 optimiser steps of 8 (~2.8
+# passes), lr 3e-4 cosine, 5 warm-up steps (EAGLE-2: 600 steps, its STEPS default); two threads, niced (session 59,
+# a 2-core Intel Xeon VM, EAGLE-3: the features prefill ~18 min with the teacher labels cached from EESD's run, the
+# 1000 steps ~48 min at ~2.9 s a step; EAGLE-2 reads the "final" column of the same features).
 # A rerun resumes (resume states every 25 steps). PUBLISH=1 ships it.
 set -eu
 # the GSM8K-only draft this fine-tune starts from: the one published before session 59

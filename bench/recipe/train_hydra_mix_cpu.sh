@@ -18,7 +18,8 @@ DATA=$CACHE/distill/smollm2-135m-98362432-float32-adff70f4e995.json
 CMD="python -m specbench.train method=hydra method.num_heads=3 model=smollm2-135m model.backend=eager threads=${THREADS:-2}
  train.data.num_prompts=6000 train.data.num_original=1400 train.data.max_new_tokens=192 train.data.batch_size=500
  train.data.general_prompts=3000 train.cap=spread train.max_sequences=3200 train.max_len=320 train.batch_size=8
- train.lr=1e-3 train.warmup_steps=5 train.max_steps=${STEPS:-600} train.checkpoint_every=25 train.eval_every=50${MINUTES:+ train.max_minutes=$MINUTES}"
+ train.lr=1e-3 train.warmup_steps=5 train.max_steps=${STEPS:-600} train.checkpoint_every=25 train.eval_every=50
+ ${MINUTES:+train.max_minutes=$MINUTES}"
 nice -n 19 $CMD
 [ "${PUBLISH:-0}" = 1 ] || exit 0
 ck=$(ls -t "$CACHE/hydra"/smollm2-135m-*.safetensors | grep -v resume | head -1)
