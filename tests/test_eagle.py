@@ -277,3 +277,33 @@ def test_tree_node_features_equal_their_own_chain():
         for tok in chain:
             f = m.head(f.view(1, 1, -1), [tok], cache)[0, -1]
         torch.testing.assert_close(feat, f, rtol=0, atol=1e-9)
+
+
+def test_the_task_confidence_scorer_aligns_each_guess_with_the_choice_it_drafts():
+    """bench/task_confidence.py: a guess that is the target's own next choice accepts at every drafted answer
+    position (one per answer token after the first), a guess one position early does not, and a real head's
+    guesses are scored at the same positions; reweighting a task to its own bin shares changes nothing."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("task_confidence", Path(__file__).parents[1] / "bench/task_confidence.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    target = tiny_model()
+    oracle = lambda t, head, ids, h: t.lm_head(h[:, 1:]).argmax(-1)[0]  # noqa: E731 - row t: the choice at t+1
+    early = lambda t, head, ids, h: t.lm_head(h[:, :-1]).argmax(-1)[0]  # noqa: E731 - row t: the choice at t
+    from specbench.methods.eagle3_head import Eagle3Head, tap_layers
+    e3 = Eagle3Head(target, tap_layers(target.num_layers), torch.arange(target.vocab_size))
+    drafts = {"oracle": (oracle, None), "early": (early, None), "eagle": (tc.guess_eagle, EagleHead(target)),
+              "eagle3": (tc.guess_eagle3, e3)}
+    prompt, new = [0, 5, 6, 7, 8], ar_tokens(target, [0, 5, 6, 7, 8], 12)
+    with torch.no_grad():
+        conf, right, pos = tc.score_sample(target, drafts, prompt, new)
+    assert len(conf) == len(new) - 1 and all(0 < c <= 1 for c in conf)
+    assert pos == list(range(len(prompt) + 1, len(prompt) + len(new)))  # answer tokens 2..n
+    assert right["oracle"] == [True] * (len(new) - 1)
+    assert not all(right["early"])
+    assert len(right["eagle"]) == len(right["eagle3"]) == len(new) - 1
+    bins = tc.bins_of(conf, right["early"])
+    assert sum(b["n"] for b in bins) == len(conf)
+    assert tc.reweighted(bins, bins) == pytest.approx(sum(right["early"]) / len(conf))
