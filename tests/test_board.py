@@ -42,9 +42,10 @@ def folder(tmp_path) -> Path:
 
 
 def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0), edit=None, lean=True,
-              trained=None, artifact=None) -> Path:
+              trained=None, artifact=None, ar_tps=100.0) -> Path:
     """A cell as the runner leaves it: config.json the fingerprint its command records, summary.json from
-    specbench.run.summary.aggregate over samples of 10 tokens (AR at 100 tokens/s), samples.jsonl unless `lean`."""
+    specbench.run.summary.aggregate over samples of 10 tokens (AR at `ar_tps` tokens/s; the method at `m_tps`
+    times AR's speed / 100), samples.jsonl unless `lean`."""
     spec = board.load_spec(folder)
     config = fingerprint(compose([*board.overrides(spec, spec.row(row), task), "run_dir=unused"]))
     config["provenance"] = {"model": {"sha256": "ab" * 32}, "artifacts": {}}
@@ -53,9 +54,11 @@ def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0)
     for key, value in (edit or {}).items():
         group, leaf = key.split(".")
         config[group][leaf] = value
+    scale = ar_tps / 100.0
     recs = [{"id": f"{task}-{i}", "category": None, "matches_ar": True, "speedup": m / 100.0,
-             "ar": {"new_tokens": 10, "wall": 0.1, "tokens_per_s": 100.0, "times": {"wall": 0.1}},
-             "method": {"new_tokens": 10, "wall": 10 / m, "tokens_per_s": m, "times": {"wall": 10 / m}}}
+             "ar": {"new_tokens": 10, "wall": 10 / ar_tps, "tokens_per_s": ar_tps, "times": {"wall": 10 / ar_tps}},
+             "method": {"new_tokens": 10, "wall": 10 / (m * scale), "tokens_per_s": m * scale,
+                        "times": {"wall": 10 / (m * scale)}}}
             for i, m in enumerate(m_tps)]
     summary = aggregate(recs, None, of(compose(["model=tiny-llama"])).measure.ci)
     summary["acceptance"] = {"tau": 2.5}
@@ -110,6 +113,22 @@ def test_one_table_per_host_missing_and_stale_cells_said_so(folder, tmp_path):
     assert board.regenerate(folder, readme, check=True) == []
     make_cell(folder, "pld", "xsum", EPYC)  # a new cell: both generated files are out of date
     assert set(board.regenerate(folder, readme, check=True)) == {folder / "README.md", readme}
+
+
+def test_a_cell_whose_ar_ran_in_a_slower_regime_says_so(folder, tmp_path):
+    make_cell(folder, "pld", "gsm8k", EPYC, ar_tps=60.0)
+    make_cell(folder, "suffix", "gsm8k", EPYC, ar_tps=15.0)  # the same CPU name, a 4x slower machine
+    make_cell(folder, "eagle3-3node", "gsm8k", EPYC, ar_tps=31.0)  # just over half: one regime
+    make_cell(folder, "pld", "xsum", EPYC, ar_tps=20.0)  # tasks are compared only with themselves
+    make_cell(folder, "pld", "gsm8k", XEON, ar_tps=15.0)  # and hosts only with themselves
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    board.regenerate(folder, readme)
+    epyc, xeon = readme.read_text().split(f"**Host: {XEON}**")
+    lines = {ln.split("(`")[1].split("`)")[0]: ln for ln in epyc.splitlines() if "(`" in ln}
+    assert "1.50x [1.50, 1.50], tau 2.50, =AR 2/2, AR at 25% of the host's fastest |" in lines["suffix"]
+    assert "host's fastest" not in lines["pld"] + lines["eagle3-3node"] + xeon.split("Model `")[0]
+    assert "AR 15 to 60 tokens/s on GSM8K)" in epyc and "AR 15 to 15 tokens/s on GSM8K)" in xeon
 
 
 def test_a_trained_part_no_longer_published_makes_the_cell_stale(folder, tmp_path):

@@ -359,6 +359,21 @@ def test_environment_records_the_cpu_model():
         assert cpu_model() not in ("x86_64", "aarch64")
 
 
+def test_the_cpu_model_tells_apart_two_machines_behind_one_name(monkeypatch):
+    from specbench.run import runner
+
+    def cpuinfo(family, model):
+        fields = {"model name": "AMD EPYC", "cpu family": family, "model": model}
+        return lambda name: fields.get(name)
+
+    monkeypatch.setattr(runner, "cpuinfo_field", cpuinfo("23", "49"))
+    zen2 = runner.cpu_model()
+    monkeypatch.setattr(runner, "cpuinfo_field", cpuinfo("25", "17"))
+    assert zen2 == "AMD EPYC (family 23, model 49)" and runner.cpu_model() == "AMD EPYC (family 25, model 17)"
+    monkeypatch.setattr(runner, "cpuinfo_field", cpuinfo(None, None))  # no x86 numbers (Arm): the name alone
+    assert runner.cpu_model() == "AMD EPYC"
+
+
 def test_many_category_systems_are_a_grid_and_labels_skip_what_the_method_never_reads(tmp_path, monkeypatch):
     """Session 58: the leaderboard's MT-Bench category plot had 31 bar series and a legend wider than the
     plot, whose EAGLE labels carried Self-SD's skip-search settings (runs stored before those left

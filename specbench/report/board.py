@@ -45,6 +45,9 @@ END = "<!-- /leaderboard -->"
 # left out of the stale check: where files lie, the run's name, and the training settings (a cell never trains:
 # its trained part is compared by hash instead)
 IGNORED = re.compile(r"^(task\.data_dir|model\.path|run_name|train\..*|provenance\..*)$")
+# a cell whose AR ran below this share of its host's fastest AR on the task ran on another machine or regime (one
+# name, "AMD EPYC", covered machines whose AR ran at 15 and 57 tokens/s on GSM8K): the table says so beside it
+SLOW_AR = 0.5
 TASK_NAMES = {"gsm8k": "GSM8K", "humaneval": "HumanEval", "mt_bench": "MT-Bench", "xsum": "XSum"}
 
 
@@ -171,7 +174,11 @@ class Cell:
     stale: list[str]
     trained: list[str]
 
-    def text(self) -> str:
+    def ar_speed(self) -> float | None:
+        return (self.run.summary.get("ar") or {}).get("tokens_per_s")
+
+    def text(self, fastest_ar: float | None = None) -> str:
+        """`fastest_ar`: the host's fastest AR tokens/s on this task, to flag a cell measured in a slower regime."""
         if self.stale:
             return "stale: " + "; ".join(self.stale[:2]) + (" ..." if len(self.stale) > 2 else "")
         s = self.run.summary
@@ -181,6 +188,9 @@ class Cell:
                  f"tau {tau:.2f}" if tau is not None else "tau -", f"=AR {s.get('matches_ar')}/{self.run.n_samples}"]
         if (s.get("shared_cores") or {}).get("shared"):
             parts.append("shared cores")
+        ar = self.ar_speed()
+        if ar and fastest_ar and ar < SLOW_AR * fastest_ar:
+            parts.append(f"AR at {ar / fastest_ar:.0%} of the host's fastest")
         return ", ".join(parts)
 
 
@@ -230,6 +240,9 @@ def tables(spec: Spec, cells: list[Cell]) -> str:
     for host in sorted(by_host):
         hc = by_host[host]
         at = {(c.row.name, c.task): c for c in hc}
+        speeds = {t: [c.ar_speed() for c in hc if c.task == t and not c.stale and c.ar_speed()] for t in spec.tasks}
+        t0, first = spec.tasks[0], speeds[spec.tasks[0]]
+        ar = f"; AR {min(first):.0f} to {max(first):.0f} tokens/s on {TASK_NAMES.get(t0, t0)}" if first else ""
         rows, unmeasured = [], []
         for r in spec.rows:
             mine = [c for c in hc if c.row.name == r.name]
@@ -238,9 +251,9 @@ def tables(spec: Spec, cells: list[Cell]) -> str:
                 continue
             trained = "; ".join(dict.fromkeys(t for c in mine for t in c.trained)) or "-"
             rows.append([f"{r.label} (`{r.name}`)", trained] +
-                        [at[(r.name, t)].text() if (r.name, t) in at else "no run" for t in spec.tasks])
+                        [at[(r.name, t)].text(max(speeds[t], default=None)) if (r.name, t) in at else "no run" for t in spec.tasks])
         header = [Column("Method (row)"), Column("Trained part: budget", align="<")] + [TASK_NAMES.get(t, t) for t in spec.tasks]
-        out += [f"**Host: {host}** ({_host_line([c.run for c in hc])})", "", markdown(header, rows), ""]
+        out += [f"**Host: {host}** ({_host_line([c.run for c in hc])}{ar})", "", markdown(header, rows), ""]
         if unmeasured:
             out += [f"Not measured on this host: {', '.join(unmeasured)}.", ""]
     return "\n".join(out)
@@ -253,7 +266,10 @@ def legend(spec: Spec) -> str:
             "in the same run (pooled tokens/s) [95% bootstrap interval], tau (tokens committed per step), =AR (outputs "
             "identical to AR's, of the samples). Trained parts: as each run recorded them (optimiser steps, sequences, "
             "held-out agreement); cells never train (`method.train_if_missing=false`). \"no run\": not measured on this "
-            "host; \"stale\": the stored run differs from what its command runs today. Hosts are never pooled.")
+            "host; \"stale\": the stored run differs from what its command runs today. Hosts are never pooled. \"AR at N% "
+            "of the host's fastest\": the cell's own AR ran at under half the speed of this host's fastest AR on the task "
+            "(one CPU name covers machines of different speed, and busy ones): its speedup is a ratio inside a slower "
+            "regime, where a wide forward costs more AR steps, so compare it with cells of its own regime.")
 
 
 def section(spec: Spec, cells: list[Cell]) -> str:

@@ -45,10 +45,15 @@ from specbench.run.warmup import warm_up
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux; else what the platform says): two hosts whose
-    runs must not be pooled (an AVX2 EPYC and an AMX Xeon: 1.10x vs 1.62x for the same method)
-    have the same machine, processor, core count and hostname here."""
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
+    """The CPU's model name (/proc/cpuinfo on Linux; else what the platform says), with its x86 family
+    and model numbers where /proc/cpuinfo gives them: two hosts whose runs must not be pooled (an AVX2
+    EPYC and an AMX Xeon: 1.10x vs 1.62x for the same method) have the same machine, processor, core
+    count and hostname here, and a hypervisor shows one name, "AMD EPYC", for a Zen 2 (family 23,
+    model 49) whose AR decoding ran at 15 tokens/s and for the machines of the earlier leaderboard
+    cells, where it ran at 35 to 63 (docs/measurements.md, "One CPU name, two machines")."""
+    name = cpuinfo_field("model name") or platform.processor() or platform.machine()
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model")
+    return f"{name} (family {family}, model {model})" if family and model else name
 
 
 def environment() -> dict:
