@@ -131,6 +131,23 @@ def test_a_cell_whose_ar_ran_in_a_slower_regime_says_so(folder, tmp_path):
     assert "AR 15 to 60 tokens/s on GSM8K)" in epyc and "AR 15 to 15 tokens/s on GSM8K)" in xeon
 
 
+def test_a_cell_refiled_under_a_fuller_cpu_name_is_counted_in_its_host_line(folder, tmp_path):
+    zen2 = "AMD EPYC (family 23, model 49)"
+    for row in ("pld", "suffix"):
+        s = make_cell(folder, row, "gsm8k", zen2) / "summary.json"
+        if row == "pld":  # recorded as "AMD EPYC" before the family and model were kept, re-filed with a note
+            d = json.loads(s.read_text())
+            d["meta"]["env"]["cpu_model_note"] = "recorded as 'AMD EPYC'; the session read family 23, model 49"
+            s.write_text(json.dumps(d))
+    make_cell(folder, "pld", "gsm8k", EPYC)
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    board.regenerate(folder, readme)
+    hosts = {ln.split("**")[1]: ln for ln in readme.read_text().splitlines() if ln.startswith("**Host: ")}
+    assert "; 1 of its cells re-filed under this name" in hosts[f"Host: {zen2}"]
+    assert "re-filed" not in hosts[f"Host: {EPYC}"]
+
+
 def test_a_trained_part_no_longer_published_makes_the_cell_stale(folder, tmp_path):
     make_cell(folder, "eagle3-3node", "gsm8k", XEON, trained="60 steps",
               artifact={"path": "/x/published_artifacts/m/eagle3/old.safetensors", "sha256": "0" * 64})
