@@ -149,6 +149,40 @@ def test_invariant_attention_reads_the_cache_buffers_in_place():
     assert not out.isnan().any()
 
 
+@torch.no_grad()
+@pytest.mark.parametrize(("n", "d", "heads", "kv"), [
+    (203, 64, 9, 3),  # the embedded model's heads; 203 keys: a partial chunk of 8 and of 16
+    (37, 48, 6, 2),  # the generic D path, keys past a chunk's count
+    (70, 16, 9, 3),  # D = 16: several heads per V row on AVX2
+    (21, 256, 8, 2),
+])
+def test_invariant_attention_avx2_build_gives_the_portable_bits(monkeypatch, n, d, heads, kv):
+    """The AVX2 build (two 8-lane registers per 16 lanes, the score tree done for 8 keys at once)
+    does the portable build's operations lane for lane: the same bits, masked or not. Before it
+    existed AVX2 hosts silently ran the portable code (~10x slower at 4 queries)."""
+    if "avx2" not in ggml.cpu_flags().split():
+        pytest.skip("this CPU has no AVX2")
+    import specbench.models.attention as attention
+
+    avx2 = ggml.load(ggml.build(("-mno-avx512f",)))
+    portable = ggml.load(ggml.build(("-mno-avx512f", "-mno-avx2")))
+    assert (avx2.attention_kernels_path(), portable.attention_kernels_path()) == (1, 0)
+    torch.manual_seed(n)
+    q = 6
+    query = torch.randn(1, heads, q, d) * 3  # scores of either sign and size: exp's range reduction
+    key, value = torch.randn(2, 1, kv, n, d)
+    allowed = (torch.rand(q, n) < 0.7).view(1, 1, q, n)
+    allowed[..., 0] = True
+    got = {}
+    for name, lib in (("avx2", avx2), ("portable", portable)):
+        monkeypatch.setattr(attention, "_kernel", lambda lib=lib: lib.invariant_attention)
+        module = Attn()
+        got[name] = (invariant_attention(module, query, key, value, allowed, scaling=0.2),
+                     invariant_attention(module, query[:, :, :1], key, value, None, scaling=0.2))
+    for a, b in zip(got["avx2"], got["portable"]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("backend", ["ggml", "ggml_f32", "ggml_q8"])
 def test_whole_forward_is_batch_invariant(backend):
     """An 8-token forward after a cache returns, row for row, the logits of 8 one-token forwards
