@@ -23,6 +23,7 @@
  * Threads: OpenMP over output rows (the same libgomp torch loads; it shares its soname).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BLOCK 32
@@ -213,28 +214,208 @@ TILES(f32, float, F32_VALUES, DEQ_F32)
         }                                                                                       \
         for (int j = 0; j < 8; j++) y[j] = vsum(acc[j]) + (bias ? bias[j] : 0.0f);               \
     }
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define AVX2_PATH 1
+#else
+#define AVX2_PATH 0
+#endif
+#if !AVX2_PATH /* the AVX2 build has its own, below */
 STRIPE_TILE(q4_stripe, Q4_REC, dequant_q4_1(rec + 8, ((const float *)rec)[0], ((const float *)rec)[1], &wl[j], &wh[j]))
 STRIPE_TILE(q8_stripe, Q8_REC, dequant_q8_0((const int8_t *)(rec + 4), ((const float *)rec)[0], &wl[j], &wh[j]))
+#endif
 /* float32 weights keep no stripes (4 bytes a weight: a copy would cost more than it saves) */
 #define f32_stripe(x, nb, s, bias, y) ((void)0)
 #define F32_REC 0
 
 
-/* One call: output rows in groups of GROUP (the unit of work per thread); inside a group, one
- * row of x: 8 rows of W at once; else 4 rows of W (1 at a time for a tail) against chunks of up
- * to RMAX rows of x, so the x rows a tile reads stay in L1 and W's rows are read once from
- * memory. */
-#define GROUP 8
+#define GROUP 8 /* rows of W per unit of work (per thread) */
+
+#if AVX2_PATH
+/* AVX2 has 16 ymm registers: the tiles above (two registers per accumulator, 2*NB registers of
+ * dequantized weights) spill. The 16 lanes stay independent until vsum, so this build runs each
+ * lane half (lanes 0-7, then 8-15) as a pass of its own: one register per accumulator, each
+ * lane's operations unchanged (and so the bits). Per block and W row a pass dequantizes its
+ * 8 + 8 weights (w = d*q + m as one fused multiply-add: d*q is exact) and uses them at once
+ * against R rows of x, read from L1 as memory operands (Zen 3 and recent Intel cores load 2-3
+ * vectors a cycle), so NB*R <= 12 accumulators and 2 weights fit in the registers. The rows of
+ * W are read in order, which the hardware prefetcher follows (software prefetches measured slower). */
+static inline void hdeq_q4_1(const uint8_t *q, const float *d, const float *m, int h, __m256 *lo, __m256 *hi) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * h)));
+    const __m256 vd = _mm256_broadcast_ss(d), vm = _mm256_broadcast_ss(m);
+    *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))), vd, vm);
+    *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), vd, vm);
+}
+static inline void hdeq_q8_0(const int8_t *q, const float *d, int h, __m256 *lo, __m256 *hi) {
+    const __m256 vd = _mm256_broadcast_ss(d);
+    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * h)))), vd);
+    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 16 + 8 * h)))), vd);
+}
+static inline void hdeq_f32(const float *w, int h, __m256 *lo, __m256 *hi) {
+    *lo = _mm256_loadu_ps(w + 8 * h);
+    *hi = _mm256_loadu_ps(w + 16 + 8 * h);
+}
+static inline float vsum2(__m256 a, __m256 b) { vec v = {a, b}; return vsum(v); }
+
+/* the one-row stripes, lane half after lane half (8 accumulators, not 16 + 16 weights) */
+#define HSTRIPE(NAME, REC, HDEQ_S)                                                                  \
+    static inline __attribute__((always_inline)) void NAME(                                     \
+        const float *x, int nb, const uint8_t *s, const float *bias, float *y) {                \
+        __m256 res[2][8];                                                                       \
+        for (int h = 0; h < 2; h++) {                                                           \
+            __m256 acc[8];                                                                      \
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();                           \
+            for (int b = 0; b < nb; b++) {                                                      \
+                const __m256 xl = _mm256_loadu_ps(x + (long)b * BLOCK + 8 * h);                 \
+                const __m256 xh = _mm256_loadu_ps(x + (long)b * BLOCK + 16 + 8 * h);            \
+                for (int j = 0; j < 8; j++) {                                                   \
+                    const uint8_t *rec = s + ((long)b * 8 + j) * REC;                           \
+                    __m256 wl, wh;                                                              \
+                    HDEQ_S;                                                                     \
+                    acc[j] = _mm256_fmadd_ps(wh, xh, _mm256_fmadd_ps(wl, xl, acc[j]));          \
+                }                                                                               \
+            }                                                                                   \
+            for (int j = 0; j < 8; j++) res[h][j] = acc[j];                                     \
+        }                                                                                       \
+        for (int j = 0; j < 8; j++) y[j] = vsum2(res[0][j], res[1][j]) + (bias ? bias[j] : 0.0f); \
+    }
+HSTRIPE(q4_stripe, Q4_REC, hdeq_q4_1(rec + 8, (const float *)rec, (const float *)rec + 1, h, &wl, &wh))
+HSTRIPE(q8_stripe, Q8_REC, hdeq_q8_0((const int8_t *)(rec + 4), (const float *)rec, h, &wl, &wh))
+
+/* x is first copied (per call, once) into chunks of up to HRMAX rows, each laid out
+ * [half][block][lo, hi][row][8 floats], so that a pass reads it sequentially at constant offsets
+ * from one pointer (row pointers would take more general registers than x86 has) */
+#define HRMAX 12
+static inline int chunk_rows(int M, int r0, int c) { /* near-equal chunks: 16 rows -> 8 + 8 */
+    const int chunks = (M + HRMAX - 1) / HRMAX;
+    return (M - r0) / (chunks - c);
+}
+static float *pack_x(const float *x, int M, int K) {
+    static _Thread_local float *buf;
+    static _Thread_local size_t cap;
+    const size_t need = ((size_t)M * K + 7) & ~(size_t)7;
+    if (need > cap) {
+        free(buf);
+        buf = aligned_alloc(32, need * sizeof(float));
+        cap = buf ? need : 0;
+        if (!buf) return 0; /* the caller falls back to the tiles above */
+    }
+    const int nb = K / BLOCK;
+    for (int c = 0, r0 = 0; r0 < M; r0 += chunk_rows(M, r0, c), c++) {
+        const int R = chunk_rows(M, r0, c);
+        float *o = buf + (long)r0 * K;
+        for (int h = 0; h < 2; h++)
+            for (int b = 0; b < nb; b++)
+                for (int p = 0; p < 2; p++)
+                    for (int r = 0; r < R; r++, o += 8)
+                        memcpy(o, x + (long)(r0 + r) * K + b * BLOCK + p * 16 + h * 8, 8 * sizeof(float));
+    }
+    return buf;
+}
+
+/* lane half h of NB rows of W x R rows of x; xh: the packed chunk's half h; the accumulators go
+ * to accm[j*R + r] until the other half is done (a stored and reloaded float keeps its bits) */
+#define HTILE(NAME, NB, R, QTYPE, QB, HDEQ)                                                         \
+    static inline __attribute__((always_inline)) void NAME(                                     \
+        const float *xh, int nb, const QTYPE *qs, const float *d, const float *m, int h,       \
+        __m256 *accm) {                                                                         \
+        __m256 acc[NB][R];                                                                      \
+        for (int j = 0; j < NB; j++)                                                            \
+            for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();                    \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const float *xb = xh + (long)b * 16 * R;                                            \
+            for (int j = 0; j < NB; j++) {                                                      \
+                const long i = (long)j * nb + b;                                                \
+                __m256 wl, wh;                                                                  \
+                HDEQ;                                                                           \
+                for (int r = 0; r < R; r++) acc[j][r] = _mm256_fmadd_ps(wl, _mm256_load_ps(xb + 8 * r), acc[j][r]); \
+                for (int r = 0; r < R; r++) acc[j][r] = _mm256_fmadd_ps(wh, _mm256_load_ps(xb + 8 * (R + r)), acc[j][r]); \
+            }                                                                                   \
+        }                                                                                       \
+        for (int j = 0; j < NB; j++)                                                            \
+            for (int r = 0; r < R; r++) accm[j * R + r] = acc[j][r];                            \
+    }
+#define HDEQ_Q4 hdeq_q4_1(qs + i * Q4_BYTES, d + i, m + i, h, &wl, &wh)
+#define HDEQ_Q8 hdeq_q8_0(qs + i * Q8_BYTES, d + i, h, &wl, &wh)
+#define HDEQ_F32 hdeq_f32(qs + i * F32_VALUES, h, &wl, &wh)
+
+/* One group of <= GROUP rows of W against the M packed rows of x, chunk by chunk (x from L1 or
+ * L2: splitting K so that a chunk of x stays in L1 measured no faster). NB*R <= 12 accumulators,
+ * at least 8 where M allows (a multiply-add's latency hides behind 8 independent ones). */
+#define HCASE(P, NB, R) case NB * 16 + R: P##_h##NB##x##R(xh, nb, q, dn, mn, h, a); break;
+#define HGROUP(P, QTYPE, QB, HDEQ)                                                                  \
+    HTILE(P##_h8x1, 8, 1, QTYPE, QB, HDEQ) HTILE(P##_h4x1, 4, 1, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h4x2, 4, 2, QTYPE, QB, HDEQ) HTILE(P##_h4x3, 4, 3, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h2x1, 2, 1, QTYPE, QB, HDEQ) HTILE(P##_h2x2, 2, 2, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h2x3, 2, 3, QTYPE, QB, HDEQ)                                                          \
+    HTILE(P##_h2x4, 2, 4, QTYPE, QB, HDEQ) HTILE(P##_h2x5, 2, 5, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h2x6, 2, 6, QTYPE, QB, HDEQ) HTILE(P##_h1x1, 1, 1, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h1x2, 1, 2, QTYPE, QB, HDEQ) HTILE(P##_h1x3, 1, 3, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h1x4, 1, 4, QTYPE, QB, HDEQ) HTILE(P##_h1x5, 1, 5, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h1x6, 1, 6, QTYPE, QB, HDEQ) HTILE(P##_h1x7, 1, 7, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h1x8, 1, 8, QTYPE, QB, HDEQ) HTILE(P##_h1x9, 1, 9, QTYPE, QB, HDEQ)                     \
+    HTILE(P##_h1x10, 1, 10, QTYPE, QB, HDEQ) HTILE(P##_h1x11, 1, 11, QTYPE, QB, HDEQ)                 \
+    HTILE(P##_h1x12, 1, 12, QTYPE, QB, HDEQ)                                                        \
+    static void P##_group(const float *xp, int M, int K, const QTYPE *qs, const float *d, const float *m, \
+                          int rows, const float *bias, float *y, int ldy) {                         \
+        const int nb = K / BLOCK;                                                                   \
+        __m256 acc[2][GROUP * HRMAX];                                                               \
+        for (int c = 0, r0 = 0; r0 < M; r0 += chunk_rows(M, r0, c), c++) {                         \
+            const int R = chunk_rows(M, r0, c);                                                     \
+            for (int h = 0; h < 2; h++) {                                                           \
+                const float *xh = xp + (long)r0 * K + (long)h * nb * 16 * R;                        \
+                for (int n = 0; n < rows;) {                                                        \
+                    const int NB = R == 1 && rows - n >= 8 ? 8 : R <= 3 && rows - n >= 4 ? 4        \
+                                 : R <= 6 && rows - n >= 2 ? 2 : 1;                                 \
+                    const QTYPE *q = qs + (long)n * nb * QB;                                        \
+                    const float *dn = d ? d + (long)n * nb : 0, *mn = m ? m + (long)n * nb : 0;     \
+                    __m256 *a = acc[h] + n * R;                                                     \
+                    switch (NB * 16 + R) {                                                          \
+                        HCASE(P, 8, 1) HCASE(P, 4, 1) HCASE(P, 4, 2) HCASE(P, 4, 3)                 \
+                        HCASE(P, 2, 1) HCASE(P, 2, 2) HCASE(P, 2, 3)                                \
+                        HCASE(P, 2, 4) HCASE(P, 2, 5) HCASE(P, 2, 6) HCASE(P, 1, 1)                 \
+                        HCASE(P, 1, 2) HCASE(P, 1, 3) HCASE(P, 1, 4) HCASE(P, 1, 5)                 \
+                        HCASE(P, 1, 6) HCASE(P, 1, 7) HCASE(P, 1, 8) HCASE(P, 1, 9)                 \
+                        HCASE(P, 1, 10) HCASE(P, 1, 11) HCASE(P, 1, 12)                             \
+                    }                                                                               \
+                    n += NB;                                                                        \
+                }                                                                                   \
+            }                                                                                       \
+            for (int r = 0; r < R; r++)                                                             \
+                for (int n = 0; n < rows; n++)                                                      \
+                    y[(long)(r0 + r) * ldy + n] = vsum2(acc[0][n * R + r], acc[1][n * R + r]) + (bias ? bias[n] : 0.0f); \
+        }                                                                                           \
+    }
+HGROUP(q4, uint8_t, Q4_BYTES, HDEQ_Q4)
+HGROUP(q8, int8_t, Q8_BYTES, HDEQ_Q8)
+HGROUP(f32, float, F32_VALUES, HDEQ_F32)
+#else
+#define pack_x(x, M, K) ((float *)0)
+#define q4_group(...) ((void)0)
+#define q8_group(...) ((void)0)
+#define f32_group(...) ((void)0)
+#endif
+
+/* One call: output rows in groups of GROUP (the unit of work per thread). The AVX2 build runs a
+ * group as above (P##_group, x packed once per call). The AVX-512 and portable builds: inside a
+ * group, one row of x: 8 rows of W at once; else 4 rows of W (1 at a time for a tail) against
+ * chunks of up to RMAX rows of x, so the x rows a tile reads stay in L1 and W's rows are read once
+ * from memory. */
 #define LINEAR(NAME, P, QTYPE, QB, REC, RMAX)                                                                \
     void NAME(const float *x, int M, int K, const QTYPE *qs, const float *d, const float *m, int N,     \
               const float *bias, float *y, const uint8_t *stripes, int nthreads) {                        \
         const int nb = K / BLOCK;                                                                         \
         const int groups = (N + GROUP - 1) / GROUP;                                                       \
+        const float *xp = pack_x(x, M, K); /* AVX2 only, else 0 */                                        \
         _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(nthreads > 1)")              \
         for (int g = 0; g < groups; g++) {                                                                \
             const int n0 = GROUP * g, n1 = n0 + GROUP < N ? n0 + GROUP : N;                               \
             if (REC > 0 && M == 1 && stripes && n1 - n0 == GROUP) {                                                  \
                 P##_stripe(x, nb, stripes + (long)n0 * nb * REC, bias ? bias + n0 : 0, y + n0);           \
+                continue;                                                                                 \
+            }                                                                                             \
+            if (xp) {                                                                                     \
+                P##_group(xp, M, K, qs + (long)n0 * nb * QB, d ? d + (long)n0 * nb : 0,                    \
+                          m ? m + (long)n0 * nb : 0, n1 - n0, bias ? bias + n0 : 0, y + n0, N);           \
                 continue;                                                                                 \
             }                                                                                             \
             for (int n = n0; n < n1;) {                                                                   \
