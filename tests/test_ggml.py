@@ -179,3 +179,17 @@ def test_stripes_hold_the_same_blocks_as_the_rows(kind):
         if kind == "q4_1":
             assert torch.equal(r[4:8].view(torch.float32), bw.m[8 * g + j, b : b + 1])
         assert torch.equal(r[rec - bw.qs.shape[-1] :], bw.qs[8 * g + j, b].view(torch.uint8))
+
+
+def test_a_run_records_which_kernels_it_loaded():
+    """The environment a run records names each kernel's compiled path and the sources' digest once
+    a ggml backend has loaded them (an AVX2 host's cells before and after its AVX2 attention path
+    differ in time, not in tokens: only this tells them apart)."""
+    from specbench.run.runner import environment
+
+    lib = ggml.library()
+    kernels = environment()["kernels"]
+    paths = {2: "AVX-512", 1: "AVX2", 0: "portable"}
+    assert kernels["linear"] == paths[lib.ggml_kernels_path()]
+    assert kernels["attention"] == paths[lib.attention_kernels_path()]
+    assert len(kernels["sources"]) == 12

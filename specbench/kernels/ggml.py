@@ -235,6 +235,20 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     return out
 
 
+_PATHS = {2: "AVX-512", 1: "AVX2", 0: "portable"}
+
+
+def loaded_build() -> dict | None:
+    """The kernels this process loaded (None if none was): each one's compiled path and a digest of
+    their sources. Runs record it: the same host ran the portable attention kernel before its AVX2
+    path existed (docs/cpu-backends.md), and its cells of then and now must be told apart."""
+    if _LIB is None:
+        return None
+    return {"linear": _PATHS[_LIB.ggml_kernels_path()], "int8": _PATHS[_LIB.ggml_q8_kernels_path()],
+            "attention": _PATHS[_LIB.attention_kernels_path()],
+            "sources": hashlib.sha256("".join(p.read_text() for p in SOURCES).encode()).hexdigest()[:12]}
+
+
 def cpu_flags() -> str:
     """The CPU's instruction-set flags (x86 `flags`, Arm `Features`), sorted; '' where unknown."""
     return " ".join(sorted((cpuinfo_field("flags", "Features") or "").split()))

@@ -32,6 +32,7 @@ from specbench.methods.base import Generation, Method
 from specbench.metrics import acceptance_metrics, position_acceptance, predicted_speedup
 from specbench.metrics.acceptance import prefix_agreement
 from specbench.models import ModelAdapter, backend_of, load_model
+from specbench.kernels import ggml
 from specbench.kernels.backends import check_backend
 from specbench.models.graphs import precapture
 from specbench.run.profiling import profile_forward
@@ -72,6 +73,8 @@ def environment() -> dict:
     }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
+    if kernels := ggml.loaded_build():
+        env["kernels"] = kernels
     return env
 
 
