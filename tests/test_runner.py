@@ -280,3 +280,23 @@ def test_speedup_is_method_over_ar(tmp_path, data_dir, monkeypatch):
     assert all(r["matches_ar"] for r in recs) and s["meta"]["method"] == "sleepy"
     assert all(r["speedup"] < 1 for r in recs)
     assert s["speedup"] < 1
+
+
+@pytest.mark.parametrize(("method", "retries"), [("method=suffix", 0), ("method=pld", 2)])
+def test_a_method_that_carries_state_across_samples_is_not_measured_twice(tmp_path, data_dir, monkeypatch, method,
+                                                                           retries):
+    """SuffixDecoding's global trie keeps every output: a sample measured again after a spike would draft
+    from its own first attempt (greedy: the same tokens), so its retry's acceptance is not the method's.
+    Such a method gets no retries (a spiked sample is flagged); a stateless one keeps them."""
+    seen = []
+
+    def checked(measure, history, spike_factor, max_retries):
+        seen.append(max_retries)
+        return runner_run_checked(measure, history, spike_factor, max_retries)
+
+    runner_run_checked = runner.run_checked
+    monkeypatch.setattr(runner, "run_checked", checked)
+    cfg = make_cfg(tmp_path / "run", data_dir, method)
+    cfg.measure.max_retries = 2
+    runner.run(cfg)
+    assert seen == [retries] * NUM_SAMPLES

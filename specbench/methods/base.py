@@ -54,6 +54,7 @@ class Generation:
 
 class Method:
     name = "base"
+    run_state: tuple[str, ...] = ()  # attributes a generation leaves for the next one (run/warmup.py)
     lossless = True  # False where a paper's acceptance rule is lossy on purpose
     external_loop = False  # True for references whose library runs its own decode loop (hf_assisted)
     # methods that decode with changed weights (SPACE, Medusa-2) set this to that model: AR on it is
@@ -63,6 +64,13 @@ class Method:
     @property
     def baseline_weights(self) -> str:
         return "base" if self.finetuned_adapter is None else "fine-tuned"
+
+    def carries_state(self) -> bool:
+        """Whether a generation changes what the next one starts from (SuffixDecoding's trie of its own
+        outputs, SWIFT's search, a controller kept across sequences): a sample measured again after
+        a spike would then draft from its own first attempt, so the runner does not re-measure it."""
+        controller = getattr(self, "controller", None)
+        return bool(self.run_state) or not getattr(controller, "reset_per_sequence", True)
 
     def __init__(self, target: ModelAdapter, cfg, sampling: SamplingConfig, run: RunValues):
         """`cfg`: the method's own settings (specbench/config/settings.py); `run`: the few run-level

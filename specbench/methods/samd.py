@@ -131,6 +131,9 @@ class SAMDecoding(SpeculativeMethod):
     def verify_widths(self) -> list[int]:
         return sorted({self.n_predicts} | set(self.aux.verify_widths()))
 
+    def carries_state(self) -> bool:
+        return self.aux.carries_state()  # the automata are rebuilt per sequence; the auxiliary may carry state
+
     @property
     def aux_run_state(self) -> dict:
         names = ("controller",) + tuple(getattr(self.aux, "run_state", ()))

@@ -101,6 +101,9 @@ class TokenRecycling(SpeculativeMethod):
     def verify_widths(self) -> list[int]:
         return [len(self.tree)]
 
+    def carries_state(self) -> bool:
+        return not self.reset_per_sequence or super().carries_state()  # the adjacency matrix, run-long by default
+
     def prefill_draft(self, prompt: list[int]) -> None:
         if self.reset_per_sequence:
             self.adj.zero_()

@@ -265,9 +265,12 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         history = StepHistory(int(measure.min_samples))
         for r in done.values():  # a resumed run judges its next samples against the finished ones
             history.add(r)
+        # a method that carries state from one sample to the next is measured once per sample (a spike
+        # is flagged, not re-measured): a second attempt would draft from its own first one
+        retries = 0 if method.carries_state() else int(measure.max_retries)
         for index, sample in bar:
             rec = run_checked(lambda: run_sample(index, sample, ar, method, task, target.tokenizer, rs, costs, base_ar, max_new),
-                              history, float(measure.spike_factor), int(measure.max_retries))
+                              history, float(measure.spike_factor), retries)
             run_dir.append(rec)
             bar.set_postfix(speedup=_fmt(rec["speedup"], ".2f"), same=rec["matches_ar"])
         done = run_dir.done()
