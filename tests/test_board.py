@@ -239,3 +239,21 @@ def test_the_readme_shows_the_current_leaderboard():
     """README.md's leaderboard section and results/leaderboard/README.md are what `make leaderboard` writes
     from the stored runs: no figure in them is typed by hand."""
     assert board.regenerate(check=True) == []
+
+
+def test_the_host_line_names_the_kernels_its_cells_ran(folder, tmp_path):
+    """An AVX2 host's cells measured before its AVX2 kernels (the portable attention, ~10x slower at 4
+    queries) and after them differ in time, not in tokens: the host line says which kernels its cells
+    recorded, and that older cells recorded none."""
+    zen3 = "AMD EPYC (family 25, model 1)"
+    for row in ("pld", "suffix"):
+        s = make_cell(folder, row, "gsm8k", zen3) / "summary.json"
+        if row == "pld":
+            d = json.loads(s.read_text())
+            d["meta"]["env"]["kernels"] = {"linear": "AVX2", "int8": "AVX2", "attention": "AVX2", "sources": "8aaf6b53c5b2"}
+            s.write_text(json.dumps(d))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    board.regenerate(folder, readme)
+    line = next(ln for ln in readme.read_text().splitlines() if ln.startswith(f"**Host: {zen3}"))
+    assert "; kernels: linear AVX2, attention AVX2 (sources 8aaf6b53c5b2), not recorded" in line

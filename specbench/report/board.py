@@ -216,17 +216,17 @@ def find_cells(spec: Spec, folder: Path = FOLDER) -> list[Cell]:
 
 def _host_line(runs: list[Run]) -> str:
     env = [r.meta.get("env") or {} for r in runs]
-
-    def uniq(vals):
-        return ", ".join(dict.fromkeys(str(v) for v in vals if v is not None)) or "?"
-
+    uniq = lambda vals: ", ".join(dict.fromkeys(str(v) for v in vals if v is not None)) or "?"  # noqa: E731
     dates = sorted(str(r.meta.get("started", ""))[:10] for r in runs if r.meta.get("started"))
     when = dates[0] if dates and dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}" if dates else "?"
     refiled = sum(1 for e in env if e.get("cpu_model_note"))  # filed under a fuller CPU name than the run recorded
+    kernels = uniq("linear {linear}, attention {attention} (sources {sources})".format(**e["kernels"]) if e.get("kernels")
+                   else "not recorded" for e in env)  # the AVX2 hosts' cells ran the portable attention before session 64
     return (f"{uniq(e.get('cpu_count') for e in env)} CPUs, torch threads {uniq(e.get('torch_threads') for e in env)}, "
             f"backend {uniq(r.meta.get('backend') for r in runs)}, torch {uniq(e.get('torch') for e in env)}, "
             f"transformers {uniq(e.get('transformers') for e in env)}; measured {when}"
-            + (f"; {refiled} of its cells re-filed under this name, each summary's cpu_model_note says why" if refiled else ""))
+            + (f"; {refiled} of its cells re-filed under this name, each summary's cpu_model_note says why" if refiled else "")
+            + f"; kernels: {kernels}")
 
 
 def tables(spec: Spec, cells: list[Cell]) -> str:
