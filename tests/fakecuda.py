@@ -160,6 +160,35 @@ def _nested(shape, value):
     return value if not shape else [_nested(shape[1:], value) for _ in range(shape[0])]
 
 
+def _same_device_and_dtype(name: str, tensors, dtypes) -> None:
+    devices = {x.device for x in tensors if x is not None}
+    if len(devices) > 1:
+        raise DeviceMismatch(f"{name}: tensors on {' and '.join(sorted(map(str, devices)))}")
+    if len({d for d in dtypes if d is not None}) > 1:
+        raise RuntimeError(f"{name}: expected one dtype, got {dtypes}")
+
+
+def _linear(x, weight, bias=None):
+    _same_device_and_dtype("linear", (x, weight, bias), (x.dtype, weight.dtype, bias.dtype if bias is not None else None))
+    return torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
+
+
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    mask_dtype = None if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.dtype
+    _same_device_and_dtype("scaled_dot_product_attention", (q, k, v, attn_mask), (q.dtype, k.dtype, v.dtype, mask_dtype))
+    heads_ok = q.shape[-3] % k.shape[-3] == 0 if enable_gqa else q.shape[-3] == k.shape[-3]
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or k.shape[-3] != v.shape[-3] or not heads_ok:
+        raise RuntimeError(f"scaled_dot_product_attention: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+                           f" (enable_gqa={enable_gqa})")
+    return torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+
+
+# ops that can neither sync nor copy: only their output's shape, dtype and device are made (with the
+# checks fake mode would make). Fake mode runs them op by op in Python (SDPA's math path: ~30 ops), which
+# was ~40% of tests/test_sync_budget.py's time; the layer's other ops still run through fake mode.
+_SHAPE_ONLY = {torch.nn.functional.linear: _linear, torch.nn.functional.scaled_dot_product_attention: _sdpa}
+
+
 class _CudaOnCpuBuild(TorchFunctionMode):
     def __init__(self, bool_value: bool, counter: SyncCounter):
         super().__init__()
@@ -184,6 +213,8 @@ class _CudaOnCpuBuild(TorchFunctionMode):
             return _nested(tuple(t.shape), v) if func is torch.Tensor.tolist else v
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
             return self._index(func, args, kwargs)
+        if func in _SHAPE_ONLY:
+            return _SHAPE_ONLY[func](*args, **kwargs)
         if func is torch.Tensor.to:
             device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
             other = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None

@@ -139,6 +139,26 @@ def test_cuda_verification_hands_sdpa_a_boolean_mask_with_gqa(kv_heads, monkeypa
     assert seen == [(torch.bool, (1, 1, q, 4 + q), "cuda", kv_heads < 4, kv_heads, 1, 1)] * 2  # one per layer
 
 
+def test_the_shape_only_ops_still_refuse_what_a_gpu_refuses():
+    """tests/fakecuda.py makes linear's and SDPA's outputs by shape alone (fake mode ran their math op by
+    op in Python, most of the sync-budget test's time): a cpu operand, a second dtype, grouped heads
+    without enable_gqa still raise, and the shapes are the real ones."""
+    F = torch.nn.functional
+    with fake_cuda():
+        x, w = (torch.empty(*s, device="cuda", dtype=torch.bfloat16) for s in ((2, 3, 8), (4, 8)))
+        assert F.linear(x, w).shape == (2, 3, 4) and on_cuda(F.linear(x, w, w[:, 0]))
+        for bad in (torch.empty(4, 8, dtype=torch.bfloat16), w.float()):
+            with pytest.raises(RuntimeError):
+                F.linear(x, bad)
+        q, k = torch.empty(1, 4, 3, 8, device="cuda", dtype=torch.bfloat16), torch.empty(1, 2, 5, 8, device="cuda", dtype=torch.bfloat16)
+        mask = torch.ones(3, 5, dtype=torch.bool, device="cuda")
+        assert F.scaled_dot_product_attention(q, k, k[..., :6], attn_mask=mask, enable_gqa=True).shape == (1, 4, 3, 6)
+        for args, kw in [((q, k, k), {}), ((q, k, k), {"attn_mask": mask.cpu(), "enable_gqa": True}),
+                         ((q, k.float(), k), {"enable_gqa": True}), ((q, k[..., :6], k), {"enable_gqa": True})]:
+            with pytest.raises(RuntimeError):
+                F.scaled_dot_product_attention(*args, **kw)
+
+
 def test_cpu_keeps_the_additive_float_mask(monkeypatch):
     """The CPU numerics were measured with the additive float mask: a CPU verification still
     hands SDPA that one (the ggml backends' own kernel takes it too: their bits do not move)."""

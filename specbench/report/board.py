@@ -157,12 +157,8 @@ def trained_parts(run: Run, published: set[str]) -> tuple[list[str], list[str]]:
 
 
 def _find(d, key: str):
-    if isinstance(d, dict):
-        for k, v in d.items():
-            if k == key and isinstance(v, str):
-                yield v
-            else:
-                yield from _find(v, key)
+    for k, v in d.items() if isinstance(d, dict) else ():
+        yield from [v] if k == key and isinstance(v, str) else _find(v, key)
 
 
 @dataclass
@@ -196,13 +192,15 @@ def find_cells(spec: Spec, folder: Path = FOLDER) -> list[Cell]:
     """Every run dir under `folder`, matched to its row (the run dir's name) and checked against today's command."""
     runs = find_runs([folder], allow_empty=True)
     published = published_hashes()
-    cells = []
+    cells, expected = [], {}  # one compose per command (~0.5 s each), not per host's cell
     for run in runs:
         row = spec.row(run.path.name)
         spec.check_task(run.task)
         if run.hardware == UNRECORDED:
             raise SpecBenchError(f"{run.path}: the run recorded no CPU or GPU name; a leaderboard cell must say its host")
-        stale = stale_reasons(run, expected_config(overrides(spec, row, run.task)))
+        args = tuple(overrides(spec, row, run.task))
+        expected[args] = expected[args] if args in expected else expected_config(list(args))
+        stale = stale_reasons(run, expected[args])
         trained, gone = trained_parts(run, published)
         cells.append(Cell(row, run.task, run, stale + gone, trained))
     seen = defaultdict(list)
