@@ -33,17 +33,24 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def _kernels(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("kernels")
+def _shared(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+SHARED = ("kernels", "tokenizers")
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch, _kernels):
-    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache), but for the
-    compiled C kernels: ggml.build keys them by source, compiler, flags and CPU and writes them atomically,
-    so sharing them changes no result and spares a ~5 s compile in each test that builds its own flags."""
+def _private_cache(tmp_path_factory, monkeypatch, _shared):
+    """Every test starts with an empty artifact cache of its own (never the user's ~/.cache), but for what
+    is keyed by all it is made from and written atomically, so that sharing it changes no result: the
+    compiled C kernels (ggml.build: source, compiler, flags and CPU; a ~5 s compile spared in each test that
+    builds its own flags) and the embedded model's converted tokenizer (models/tokenizer.py: the GGUF's
+    sha256 and transformers' version; ~10 s spared in each test that loads the model)."""
     cache = tmp_path_factory.mktemp("cache")
-    (cache / "kernels").symlink_to(_kernels, target_is_directory=True)
+    for name in SHARED:
+        (_shared / name).mkdir(exist_ok=True)
+        (cache / name).symlink_to(_shared / name, target_is_directory=True)
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(cache))
 
 

@@ -2,6 +2,42 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from specbench.core.cachedir import cache_dir
+
+
+def gguf_tokenizer(path: Path):
+    """The Hugging Face tokenizer of the GGUF file `path`. transformers converts it from the file's
+    metadata in ~10 s on a 2-core machine (gguf-py reads the 49k-entry vocabulary and merges field by
+    field; the weights' load reads them again); the converted tokenizer is kept in the cache,
+    tokenizers/<the file's sha256>-transformers-<version>/, and loads from there in ~0.5 s, the same
+    tokenizer (vocabulary, merges, special tokens, chat template: tests/test_tokenizer_cache.py)."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    saved = cache_dir() / "tokenizers" / f"{h.hexdigest()}-transformers-{transformers.__version__}"
+    if (saved / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(saved))
+        except Exception:  # noqa: BLE001 - a damaged copy: convert again and replace it
+            shutil.rmtree(saved, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tmp = saved.with_name(f"{saved.name}.tmp-{os.getpid()}")
+    try:  # written whole, then renamed: a concurrent run sees a complete copy or none
+        tok.save_pretrained(str(tmp))
+        tmp.rename(saved)
+    except OSError:  # another run renamed its copy first, or the cache is not writable: this one is not needed
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
 
 class ChatTokenizer:
     """Wraps a Hugging Face tokenizer: chat template when the model has one, else plain text."""

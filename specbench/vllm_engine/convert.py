@@ -57,12 +57,11 @@ def load_tokenizer(model_cfg):
     from transformers import AutoTokenizer
 
     from specbench.models import gguf_path
-    from specbench.models.tokenizer import ChatTokenizer
+    from specbench.models.tokenizer import ChatTokenizer, gguf_tokenizer
 
     try:
         if model_cfg.loader == "gguf":
-            p = gguf_path(model_cfg)
-            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+            tok = gguf_tokenizer(gguf_path(model_cfg))
         else:
             tok = AutoTokenizer.from_pretrained(str(model_cfg.id), revision=model_cfg.revision)
     except OSError as e:
