@@ -47,15 +47,18 @@ def texts() -> list[str]:
     return fixed + ["".join(chr(rng.randint(32, 0x2FFF)) for _ in range(120)) for _ in range(20)]
 
 
-def test_the_cached_copy_is_the_tokenizer_transformers_converts(gguf, monkeypatch):
+def test_the_cached_copy_is_the_tokenizer_transformers_converts(gguf, monkeypatch, tmp_path):
     """Bites: a copy that lost the chat template, a special token, the merges (any encoding
     differs) or the end tokens; a load that converts again instead of reading the copy."""
     calls = conversions(monkeypatch)
     converted = gguf_tokenizer(gguf)
     assert len(calls) == 1
     saved = list((cache_dir() / "tokenizers").iterdir())
-    assert len(saved) == 1 and (saved[0] / "tokenizer.json").is_file()
     cached = gguf_tokenizer(gguf)
+    if not faithful_round_trip(converted, tmp_path):  # transformers 5.0.0 (make test-oldest): no copy is kept
+        assert saved == [] and len(calls) == 2
+        return
+    assert len(saved) == 1 and (saved[0] / "tokenizer.json").is_file()
     assert len(calls) == 1, "the second load converted again"
     assert cached.get_vocab() == converted.get_vocab() and cached.chat_template == converted.chat_template
     assert cached.all_special_ids == converted.all_special_ids and cached.special_tokens_map == converted.special_tokens_map
@@ -69,9 +72,19 @@ def test_the_cached_copy_is_the_tokenizer_transformers_converts(gguf, monkeypatc
     assert a.encode_chat(chat) == b.encode_chat(chat) and a.eos_ids == b.eos_ids
 
 
-def test_a_damaged_copy_is_converted_again(gguf, monkeypatch):
+def faithful_round_trip(tok, tmp_path) -> bool:
+    """Does this transformers save and load the converted tokenizer unchanged? (Checked here on its own
+    terms: every text of texts(), not the loader's probes.)"""
+    tok.save_pretrained(tmp_path / "round-trip")
+    back = AutoTokenizer.from_pretrained(str(tmp_path / "round-trip"))
+    return all(tok.encode(t) == back.encode(t) for t in texts())
+
+
+def test_a_damaged_copy_is_converted_again(gguf, monkeypatch, tmp_path):
     calls = conversions(monkeypatch)
     first = gguf_tokenizer(gguf)
+    if not faithful_round_trip(first, tmp_path):
+        pytest.skip("this transformers keeps no copy (its round trip changes the tokenizer)")
     (saved,) = (cache_dir() / "tokenizers").iterdir()
     (saved / "tokenizer.json").write_text("{not json")
     again = gguf_tokenizer(gguf)

@@ -33,10 +33,23 @@ def gguf_tokenizer(path: Path):
     tmp = saved.with_name(f"{saved.name}.tmp-{os.getpid()}")
     try:  # written whole, then renamed: a concurrent run sees a complete copy or none
         tok.save_pretrained(str(tmp))
-        tmp.rename(saved)
-    except OSError:  # another run renamed its copy first, or the cache is not writable: this one is not needed
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not same_tokenizer(tok, AutoTokenizer.from_pretrained(str(tmp))):
+            raise ValueError("the saved copy tokenizes differently")  # transformers 5.0.0 drops the byte-level
+        tmp.rename(saved)  # pre-tokenizer on this round trip ("Hello world" gains two unknown tokens): not kept
+    except Exception:  # noqa: BLE001 - another run renamed its copy first, the cache is not writable, or this
+        shutil.rmtree(tmp, ignore_errors=True)  # transformers cannot save it: the converted one is used as it is
     return tok
+
+
+PROBES = ["Hello world", "  spaces  and\ttabs\n\nnewlines", "<|im_start|>user\nhi<|im_end|>", "émoji 🤖 中文 ÿ",
+          "def f(x):\n    return x**2  # code", "<|endoftext|> after the end", "a" * 50]
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether `b` tokenizes as `a` does: vocabulary, special tokens, chat template, and the probes encoded."""
+    return (a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+            and a.chat_template == b.chat_template
+            and all(a.encode(t, add_special_tokens=s) == b.encode(t, add_special_tokens=s) for t in PROBES for s in (True, False)))
 
 
 class ChatTokenizer:
