@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from specbench.core.cachedir import cache_dir
+from specbench.models.artifacts import file_sha256
 
 
 def gguf_tokenizer(path: Path):
@@ -19,11 +19,7 @@ def gguf_tokenizer(path: Path):
     import transformers
     from transformers import AutoTokenizer
 
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    saved = cache_dir() / "tokenizers" / f"{h.hexdigest()}-transformers-{transformers.__version__}"
+    saved = cache_dir() / "tokenizers" / f"{file_sha256(path)}-transformers-{transformers.__version__}"
     if (saved / "tokenizer.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(str(saved))
