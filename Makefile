@@ -58,7 +58,8 @@ test-all:
 # the model-facing tests against the oldest transformers pyproject.toml allows (.venv-oldest: this Python's
 # packages but transformers; tools/oldest_env.sh); CI runs it after test-all
 OLDEST_TESTS = tests/test_engine.py tests/test_decode_loop.py tests/test_every_method.py tests/test_device_map.py \
-	tests/test_attention.py tests/test_hf_draft.py tests/test_quiet_output.py tests/test_warnguard.py tests/test_tokenizer_cache.py
+	tests/test_attention.py tests/test_hf_draft.py tests/test_quiet_output.py tests/test_warnguard.py tests/test_tokenizer_cache.py \
+	tests/test_model_cache.py
 test-oldest:
 	@PY=$(PY) sh tools/oldest_env.sh .venv-oldest
 	.venv-oldest/bin/python -m pytest $(OLDEST_TESTS) $(XDIST) $(PYTEST_ARGS)

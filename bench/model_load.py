@@ -3,7 +3,8 @@
   python bench/model_load.py [--repeats 2] [--backend ggml]
 
 Each load runs in a fresh process (imports not counted) with SPECBENCH_CACHE_DIR set to one new temporary
-directory, so the first load converts the tokenizer (models/tokenizer.py) and the later ones read it.
+directory, so the first load converts the tokenizer and the weights (models/tokenizer.py, models/converted.py)
+and the later ones read them.
 Pin it on a shared machine (taskset -c 1 ...): the figures are single-core wall times.
 """
 

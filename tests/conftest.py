@@ -37,7 +37,7 @@ def _shared(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shared-cache")
 
 
-SHARED = ("kernels", "tokenizers")
+SHARED = ("kernels", "tokenizers", "models")
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +45,9 @@ def _private_cache(tmp_path_factory, monkeypatch, _shared):
     """Every test starts with an empty artifact cache of its own (never the user's ~/.cache), but for what
     is keyed by all it is made from and written atomically, so that sharing it changes no result: the
     compiled C kernels (ggml.build: source, compiler, flags and CPU; a ~5 s compile spared in each test that
-    builds its own flags) and the embedded model's converted tokenizer (models/tokenizer.py: the GGUF's
-    sha256 and transformers' version; ~10 s spared in each test that loads the model)."""
+    builds its own flags), the embedded model's converted tokenizer (models/tokenizer.py) and its converted
+    weights (models/converted.py), both keyed by the GGUF's sha256 and transformers' version (with the dtype
+    for the weights): most of the ~20 s of each test that loads the model."""
     cache = tmp_path_factory.mktemp("cache")
     for name in SHARED:
         (_shared / name).mkdir(exist_ok=True)

@@ -18,6 +18,7 @@ from specbench.config import settings
 from specbench.core.errors import SpecBenchError, choice_error
 from specbench.models.adapter import LayerSkip, ModelAdapter
 from specbench.kernels.backends import BACKENDS, apply_backend, backend_of, check_backend
+from specbench.models.converted import gguf_model, read_once
 from specbench.models.tokenizer import ByteTokenizer, ChatTokenizer, gguf_tokenizer
 
 __all__ = ["LayerSkip", "ModelAdapter", "load_model", "truncated_copy", "MODEL_LOADERS", "BACKENDS", "apply_backend", "backend_of"]
@@ -75,8 +76,6 @@ def gguf_path(cfg) -> Path:
 
 
 def load_gguf(cfg) -> ModelAdapter:
-    from transformers import AutoModelForCausalLM
-
     _offline_env()
     _quiet_loading()
     path = gguf_path(cfg)
@@ -84,9 +83,9 @@ def load_gguf(cfg) -> ModelAdapter:
     dtype = _dtype(cfg.dtype, device)
     try:
         # the GGUF reader draws its own tqdm bar, which transformers' switch does not reach
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(io.StringIO()), read_once():
             tok = gguf_tokenizer(path)
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+            model = gguf_model(path, dtype)
     except Exception as e:  # noqa: BLE001 - any parse failure means the file is unusable
         raise SpecBenchError(f"cannot read GGUF model {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     model.to(device)

@@ -1,9 +1,9 @@
 """The model vLLM serves: the embedded GGUF converted once to a Hugging Face directory, or an HF id/path as-is.
 
-transformers dequantizes the GGUF to float32 on load; `save_pretrained` refuses such a model while it still
-carries the GGUF quantizer and `quantization_config` (the weights are plain float32 by then), so both are
-cleared first. The directory is cached under the cache dir keyed by the GGUF's SHA-256, written to a
-temporary sibling and renamed, so a crash never leaves a half-written model that a later run would trust.
+transformers dequantizes the GGUF to float32 on load (models/converted.py keeps that model in the cache, without
+the GGUF quantizer that save_pretrained refuses); vLLM's directory adds the tokenizer. It is cached under the
+cache dir keyed by the GGUF's SHA-256, written to a temporary sibling and renamed, so a crash never leaves a
+half-written model that a later run would trust.
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ def converted_dir(gguf_sha256: str, name: str) -> Path:
 def convert_gguf(model_cfg, out: Path) -> None:
     """Load the GGUF with transformers and save it as a Hugging Face directory at `out`."""
     from specbench.models import load_gguf
+    from specbench.models.converted import plain
 
     adapter = load_gguf(model_cfg)
-    model, tok = adapter.model, adapter.tokenizer.tok
-    model.hf_quantizer = None  # the GGUF "quantizer" only dequantized on load
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    model, tok = plain(adapter.model), adapter.tokenizer.tok
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
