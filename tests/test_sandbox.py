@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import site
 import os
 import secrets
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -365,6 +367,13 @@ def make_venv(kind: str, root: Path) -> Path:
         for exe in (venv / "bin").glob("python*"):
             exe.unlink()
             exe.symlink_to(outer / "bin" / "python")
+    # the harness imports specbench outside the sandbox: the venv sees this interpreter's packages, as
+    # tools/oldest_env.sh does (--system-site-packages alone shows a venv's base Python, which has none of
+    # them when the tests themselves run in a venv)
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    dirs = list(dict.fromkeys(site.getsitepackages() + [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]))
+    Path(purelib, "outer_site.pth").write_text(f"import site; list(map(site.addsitedir, {dirs!r}))\n")
     return venv
 
 
