@@ -40,6 +40,9 @@ BLOCK = 32
 # the fp32-activation kernels, the int8-activation ones (model.backend=ggml_q8) and the
 # batch-invariant attention these backends use (attention.py): one library
 SOURCES = tuple(Path(__file__).with_name(f) for f in ("ggml_kernels.c", "ggml_q8_kernels.c", "attention_kernels.c"))
+# and the one-pass block recovery (`recover`): built into the same library, but not among the sources a run
+# records (`loaded_build`), since it changes no output, only how fast a model loads
+RECOVER_SOURCE = Path(__file__).with_name("ggml_recover.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
@@ -163,21 +166,39 @@ def recover(weight: torch.Tensor, formats=FORMATS) -> BlockWeight | None:
     n, k = weight.shape
     blocks = weight.detach().reshape(-1, BLOCK)
     shape = (n, k // BLOCK)
-    finite = bool(torch.isfinite(blocks).all())
-    found = _recover_q4_1(blocks) if "q4_1" in formats and finite else None
+    one_pass = _LIB is not None and blocks.is_contiguous()  # the C loop, where the kernels are loaded anyway
+    if one_pass:
+        q4_1, q8_0 = functools.partial(_recover_c, "q4_1"), functools.partial(_recover_c, "q8_0")
+    else:
+        finite = bool(torch.isfinite(blocks).all())
+        q4_1, q8_0 = (_recover_q4_1, _recover_q8_0) if finite else (lambda b: None, lambda b: None)
+    found = q4_1(blocks) if "q4_1" in formats else None
     if found is not None:
         d, m, qs = found
         qs, d, m = qs.reshape(*shape, 16).contiguous(), d.reshape(shape).contiguous(), m.reshape(shape).contiguous()
         bw = BlockWeight("q4_1", n, k, qs, d, m, stripes("q4_1", qs, d, m))
     else:
-        found = _recover_q8_0(blocks) if "q8_0" in formats and finite else None
+        found = q8_0(blocks) if "q8_0" in formats else None
         if found is None:
             return BlockWeight("f32", n, k, weight.detach().contiguous(), None, None) if "f32" in formats else None
         d, qs = found
         qs, d = qs.reshape(*shape, 32).contiguous(), d.reshape(shape).contiguous()
         bw = BlockWeight("q8_0", n, k, qs, d, None, stripes("q8_0", qs, d, None))
-    # belt and braces: the stored blocks must give back exactly the parameter
-    return bw if torch.equal(bw.dequantize(), weight.detach()) else None
+    # belt and braces for the torch path: the stored blocks must give back exactly the parameter (the C loop
+    # keeps a block only after that very comparison, block by block)
+    return bw if one_pass or torch.equal(bw.dequantize(), weight.detach()) else None
+
+
+def _recover_c(kind: str, blocks: torch.Tensor):
+    """_recover_q4_1 / _recover_q8_0 in one pass of C (ggml_recover.c): the same blocks, or None."""
+    nb = blocks.shape[0]
+    d = torch.empty(nb, dtype=torch.float32)
+    if kind == "q4_1":
+        m, qs = torch.empty(nb, dtype=torch.float32), torch.empty(nb, 16, dtype=torch.uint8)
+        ok = _LIB.ggml_recover_q4_1(blocks.data_ptr(), nb, d.data_ptr(), m.data_ptr(), qs.data_ptr())
+        return (d, m, qs) if ok else None
+    qs = torch.empty(nb, BLOCK, dtype=torch.int8)
+    return (d, qs) if _LIB.ggml_recover_q8_0(blocks.data_ptr(), nb, d.data_ptr(), qs.data_ptr()) else None
 
 
 def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor | None:
@@ -214,7 +235,7 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     # the CPU's instruction sets are part of the key: a cache shared by cluster nodes must never hand
     # a -march=native build to an older CPU (an illegal instruction kills the run)
-    key = hashlib.sha256(("".join(p.read_text() for p in SOURCES) + version + " ".join(flags) + os.uname().machine
+    key = hashlib.sha256(("".join(p.read_text() for p in (*SOURCES, RECOVER_SOURCE)) + version + " ".join(flags) + os.uname().machine
                           + cpu_flags()).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"ggml_kernels-{key}.so"
     if verified(out):
@@ -222,7 +243,7 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, "-o", str(so), *map(str, SOURCES)], capture_output=True, text=True, check=False)
+        res = subprocess.run([cc, *flags, "-o", str(so), *map(str, (*SOURCES, RECOVER_SOURCE))], capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise SpecBenchError(f"model.backend=ggml: compiling the kernels failed: {res.stderr.strip()[-400:]}")
         digest = Path(tmp) / "digest"
@@ -285,6 +306,9 @@ def load(path: Path) -> ctypes.CDLL:
     L = ctypes.c_long
     lib.invariant_attention.argtypes = [p, L, L, i, i, i, p, L, p, L, i, i, p, ctypes.c_float, p, i]
     lib.invariant_attention.restype = None
+    lib.ggml_recover_q4_1.argtypes = [p, L, p, p, p]
+    lib.ggml_recover_q8_0.argtypes = [p, L, p, p]
+    lib.ggml_recover_q4_1.restype = lib.ggml_recover_q8_0.restype = i
     return lib
 
 
