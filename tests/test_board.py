@@ -131,6 +131,19 @@ def test_a_cell_whose_ar_ran_in_a_slower_regime_says_so(folder, tmp_path):
     assert "AR 15 to 60 tokens/s on GSM8K)" in epyc and "AR 15 to 15 tokens/s on GSM8K)" in xeon
 
 
+def test_an_ar_of_other_weights_sets_no_range_and_gets_no_flag(folder, tmp_path):
+    make_cell(folder, "pld", "gsm8k", EPYC, ar_tps=60.0)
+    moved = make_cell(folder, "suffix", "gsm8k", EPYC, ar_tps=20.0) / "summary.json"
+    d = json.loads(moved.read_text())
+    d["meta"]["baseline_weights"] = "fine-tuned"  # as SPACE's: AR decodes the model its delta moved
+    moved.write_text(json.dumps(d))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    board.regenerate(folder, readme)
+    text = readme.read_text()
+    assert "AR 60 to 60 tokens/s on GSM8K)" in text and "host's fastest" not in text
+
+
 def test_a_cell_refiled_under_a_fuller_cpu_name_is_counted_in_its_host_line(folder, tmp_path):
     zen2 = "AMD EPYC (family 23, model 49)"
     for row in ("pld", "suffix"):
