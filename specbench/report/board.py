@@ -170,11 +170,9 @@ class Cell:
     trained: list[str]
 
     def ar_speed(self) -> float | None:
-        """AR's tokens/s in this cell, None where AR decoded other weights than the base model's (SPACE's delta
-        moves the model both decode: its AR, at half the others' speed, says nothing of the host's regime)."""
-        if self.run.meta.get("baseline_weights", "base") != "base":
-            return None
-        return (self.run.summary.get("ar") or {}).get("tokens_per_s")
+        """AR's tokens/s here; None where AR decoded other weights than the base model's (SPACE's delta moves both)."""
+        base = self.run.meta.get("baseline_weights", "base") == "base"
+        return (self.run.summary.get("ar") or {}).get("tokens_per_s") if base else None
 
     def text(self, fastest_ar: float | None = None) -> str:
         """`fastest_ar`: the host's fastest AR tokens/s on this task, to flag a cell measured in a slower regime."""
