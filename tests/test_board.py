@@ -17,6 +17,7 @@ from specbench.config.compose import compose
 from specbench.core.errors import SpecBenchError
 from specbench.methods.base import METHODS
 from specbench.report import board, report
+from specbench.report import cells as lb
 from specbench.config.identity import fingerprint
 from specbench.config.settings import of
 from specbench.run.summary import aggregate
@@ -31,14 +32,14 @@ README = f"# a project\n\nbefore\n\n{board.BEGIN}\nold table\n{board.END}\n\naft
 
 
 def published_sha() -> str:
-    return json.loads(next(board.PUBLISHED.rglob("*.json")).read_text())["sha256"]
+    return json.loads(next(lb.PUBLISHED.rglob("*.json")).read_text())["sha256"]
 
 
 @pytest.fixture
 def folder(tmp_path) -> Path:
     d = tmp_path / "leaderboard"
     d.mkdir()
-    (d / board.SPEC).write_text(yaml.safe_dump(SPEC))
+    (d / lb.SPEC).write_text(yaml.safe_dump(SPEC))
     return d
 
 
@@ -47,8 +48,8 @@ def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0)
     """A cell as the runner leaves it: config.json the fingerprint its command records, summary.json from
     specbench.run.summary.aggregate over samples of 10 tokens (AR at `ar_tps` tokens/s; the method at `m_tps`
     times AR's speed / 100), samples.jsonl unless `lean`."""
-    spec = board.load_spec(folder)
-    config = fingerprint(compose([*board.overrides(spec, spec.row(row), task), "run_dir=unused"]))
+    spec = lb.load_spec(folder)
+    config = fingerprint(compose([*lb.overrides(spec, spec.row(row), task), "run_dir=unused"]))
     config["provenance"] = {"model": {"sha256": "ab" * 32}, "artifacts": {}}
     if artifact:
         config["provenance"]["artifacts"]["checkpoint"] = artifact
@@ -66,7 +67,7 @@ def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0)
     summary["meta"] = {"method": config["method"]["name"], "task": task, "model": "tiny-llama", "backend": "eager",
                        "started": "2026-11-27T10:00:00", "method_settings": {"trained": trained} if trained else {},
                        "env": {"cpu_model": host, "cpu_count": 2, "torch_threads": 1, "torch": "2.13", "transformers": "5.2"}}
-    d = folder / board.host_slug(host) / task / row
+    d = folder / lb.host_slug(host) / task / row
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(config))
     (d / "summary.json").write_text(json.dumps(summary))
@@ -76,12 +77,12 @@ def make_cell(folder: Path, row: str, task: str, host: str, m_tps=(150.0, 150.0)
 
 
 def test_every_registered_method_has_a_row_whose_command_composes():
-    spec = board.load_spec()
+    spec = lb.load_spec()
     assert {r.method for r in spec.rows} >= set(METHODS) - {"ar"}
     assert spec.tasks == ("gsm8k", "humaneval", "mt_bench", "xsum")
     assert "task.num_samples=20" in spec.overrides and spec.model == "smollm2-135m"
     for r in spec.rows:
-        config = board.expected_config(board.overrides(spec, r, "gsm8k"))
+        config = lb.expected_config(lb.overrides(spec, r, "gsm8k"))
         assert config["method"]["name"] == r.method and config["model"]["backend"] == "ggml"
         assert ("train_if_missing" not in config["method"]) or config["method"]["train_if_missing"] is False
 
@@ -167,9 +168,9 @@ def test_a_trained_part_no_longer_published_makes_the_cell_stale(folder, tmp_pat
               artifact={"path": "/x/published_artifacts/m/eagle3/old.safetensors", "sha256": "0" * 64})
     make_cell(folder, "eagle3-3node", "xsum", XEON, trained="60 steps",
               artifact={"path": "/root/.cache/specbench/eagle3/a.safetensors", "sha256": "1" * 64})
-    spec = board.load_spec(folder)
-    cells = {c.task: c for c in board.find_cells(spec, folder)}
-    assert cells["gsm8k"].text() == "stale: its checkpoint is no longer the published part"
+    spec = lb.load_spec(folder)
+    cells = {c.task: c for c in lb.find_cells(spec, folder)}
+    assert board.cell_text(cells["gsm8k"]) == "stale: its checkpoint is no longer the published part"
     assert cells["xsum"].trained == ["60 steps (from the measuring host's cache, not published)"] and not cells["xsum"].stale
 
 
@@ -183,7 +184,7 @@ def test_a_corpus_its_datastore_and_a_ranked_vocabulary_are_no_trained_part(fold
                                          # a draft vocabulary's ranked token file (the eesd-q8-v8k row)
                                          "method.draft_vocab.source": {"path": "/r/draft_vocab_mix.json", "sha256": "4" * 64}}
     (d / "config.json").write_text(json.dumps(config))
-    (cell,) = board.find_cells(board.load_spec(folder), folder)
+    (cell,) = lb.find_cells(lb.load_spec(folder), folder)
     assert cell.trained == [] and not cell.stale
 
 
@@ -206,7 +207,7 @@ def test_a_lean_run_dir_reads_as_the_full_one(folder, tmp_path):
 def test_add_files_a_finished_run_and_refuses_a_stale_one(folder, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    shutil.copy(folder / board.SPEC, other / board.SPEC)
+    shutil.copy(folder / lb.SPEC, other / lb.SPEC)
     run = make_cell(other, "pld", "gsm8k", XEON, lean=False)
     s = json.loads((run / "summary.json").read_text())
     del s["per_sample"]  # a run recorded before summaries carried their per-sample pairs
@@ -241,12 +242,12 @@ def test_a_cell_the_command_measures_is_current(folder, monkeypatch):
     cell: what the command records and what the stale check expects agree."""
     from specbench.run.runner import run
 
-    spec = board.load_spec(folder)
+    spec = lb.load_spec(folder)
     d = folder / "some-host" / "gsm8k" / "pld"
-    run(compose([*board.overrides(spec, spec.row("pld"), "gsm8k"), f"run_dir={d}"]))
+    run(compose([*lb.overrides(spec, spec.row("pld"), "gsm8k"), f"run_dir={d}"]))
     (d / "samples.jsonl").unlink()  # what a clone has: config.json and summary.json
-    (cell,) = board.find_cells(spec, folder)
-    assert not cell.stale and "=AR 2/2" in cell.text()
+    (cell,) = lb.find_cells(spec, folder)
+    assert not cell.stale and "=AR 2/2" in board.cell_text(cell)
 
 
 def test_the_readme_shows_the_current_leaderboard():
@@ -271,3 +272,23 @@ def test_the_host_line_names_the_kernels_its_cells_ran(folder, tmp_path):
     board.regenerate(folder, readme)
     line = next(ln for ln in readme.read_text().splitlines() if ln.startswith(f"**Host: {zen3}"))
     assert "; kernels: linear AVX2, attention AVX2 (sources 8aaf6b53c5b2), not recorded" in line
+
+
+def test_a_cell_that_ran_beside_other_work_says_so(folder, tmp_path):
+    """Two cells at once cost the speculative rows ~10% on a 2-core Xeon: a cell whose load average exceeded its
+    own threads says by how much, and its host line counts the cells that ran alone and beside other work."""
+    for row, load in (("pld", 1.02), ("suffix", 2.01), ("eagle3-3node", None)):
+        s = make_cell(folder, row, "gsm8k", XEON) / "summary.json"
+        d = json.loads(s.read_text())
+        d["shared_cores"] = None if load is None else {"loadavg_1m_median": load, "threads": 1, "shared": False}
+        s.write_text(json.dumps(d))
+    make_cell(folder, "pld", "gsm8k", EPYC)  # a host whose cells recorded no load
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    board.regenerate(folder, readme)
+    epyc, xeon = readme.read_text().split(f"**Host: {XEON}**")
+    lines = {ln.split("(`")[1].split("`)")[0]: ln for ln in xeon.splitlines() if "(`" in ln and "|" in ln}
+    assert "=AR 2/2, beside load 1.0 |" in lines["suffix"]
+    assert "beside load" not in lines["pld"] + lines["eagle3-3node"]
+    assert "; 1 of its cells ran alone, 1 beside other work (median load beyond their own threads 0.5)" in xeon
+    assert "; no cell recorded the machine's load" in epyc

@@ -7,7 +7,8 @@ One module per job, data flowing one way (each imports only those above it):
   leaderboard.py  Spec-Bench's leaderboard table and plot for task=spec_bench runs
   plots.py        the plots
   cli.py          `report(dirs, out, baseline)` and the command line (`main`)
-  board.py        the project's own leaderboard from results/leaderboard (`make leaderboard`), on its own
+  cells.py        the project's own leaderboard's spec and cells (results/leaderboard), checked against today's command
+  board.py        its tables (`make leaderboard`) and the command that measures a cell
 The public names are re-exported here.
 """
 
