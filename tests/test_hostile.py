@@ -163,6 +163,14 @@ CASES = [
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),
+    # without '+', Hydra's own refusal suggested '+key=...'; ours names the allowed keys and the nearest one
+    Case("misplaced_key", TINY + ["n_samples=2"], "unknown key 'n_samples' (did you mean 'task.num_samples'?); allowed: "),
+    Case("misspelt_key", TINY + ["method=pld", "method.max_ngam=3"],
+         "unknown key 'method.max_ngam' for method 'pld' (did you mean 'method.max_ngram'?); allowed: max_ngram, min_ngram"),
+    Case("top_level_name_of_a_group_key", TINY + ["temperature=0.5"], "(did you mean 'sampling.temperature'?)"),
+    Case("no_near_key_in_another_group", TINY + ["method=pld", "method.k=3"],
+         "unknown key 'method.k' for method 'pld'; allowed: max_ngram, min_ngram, name"),
+    Case("misspelt_key_in_a_sweep", TINY + ["-m", "method=pld,suffix", "method.max_ngam=3"], "did you mean 'method.max_ngram'?"),
     Case("unknown_train_key", ["method=eesd", "model=tiny-llama", "+train.data.foo=1"], "train.data.foo",
          entry="specbench.train"),
     Case("unknown_method", TINY + ["method=nope"], "unknown method 'nope'"),

@@ -56,7 +56,7 @@ def test_engine_files_match_the_schema():
     (["method=eagle3", "method.model=/d", "model.draft_quant=q8_0"], "model.draft_quant='q8_0' is not allowed; expected none"),
     (["method=ngram", "engine.batch_sizes=[0,2]"], r"engine.batch_sizes=\[0, 2\] is not allowed"),
     (["method=suffix", "method.min_token_prob=2"], "method.min_token_prob=2 is not allowed"),
-    (["method=ngram", "method.k=3"], "Could not override 'method.k'"),
+    (["method=ngram", "method.k=3"], "unknown key 'method.k' for method 'ngram'; allowed: name, num_speculative_tokens"),
 ])
 def test_bad_settings_are_one_line(overrides, message):
     with pytest.raises(SpecBenchError, match=message):

@@ -12,8 +12,10 @@ import it. After `validate`, the entry points read the config as typed settings 
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from specbench.config.engines import engine_rules, method_configs, method_option
 GROUPS = ("method", "task", "model", "control", "experiment", "engine")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_COMBINATIONS = 256  # beyond: each swept value once, the other keys at their first value
+NEAR = 0.75  # an unknown key's nearest known one is suggested from this similarity of their last names
 
 
 PAPER_CONTROL_FALLBACK = "fixed"  # the default controller of a method without conf/control/paper/<method>.yaml
@@ -90,10 +93,30 @@ def _choices(group: str) -> list[str]:
 def compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
     """The composed config; any composition failure is a one-line SpecBenchError."""
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose("config", overrides=overrides, return_hydra_config=hydra_config)
+        return _compose(overrides, hydra_config)
     except Exception as e:  # noqa: BLE001 - any composition failure is bad input
+        if m := re.match(r"Could not override '([^']+)'", str(e)):
+            raise SpecBenchError(_unknown_key(m.group(1), overrides)) from None
         raise SpecBenchError(one_line(e)) from None
+
+
+def _compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides, return_hydra_config=hydra_config)
+
+
+def _unknown_key(key: str, overrides: list[str]) -> str:
+    """Hydra refuses a key the config lacks and suggests `+key=...`, which the schema then refuses too:
+    compose it that way and let validate name the allowed keys and the nearest known one."""
+    plus = [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
+    try:
+        validate(_compose(plus))
+    except SpecBenchError as e:
+        if repr(key) in str(e):
+            return str(e)
+    except Exception:  # noqa: BLE001 - the '+' form fails for another reason: Hydra's own words are no better
+        pass
+    return f"unknown key {key!r}"
 
 
 def _sweep_values(overrides: list[str]) -> list[list[str]]:
@@ -199,7 +222,27 @@ def _walk(cfg, path: str, table: dict, where: str, rel: str = "") -> None:
             raise _bad(full, _get(cfg, full), "a mapping of " + ", ".join(sorted(t for t in table if t.startswith(key + "."))))
         else:
             siblings = sorted({t[len(rel):].split(".")[0] for t in table if t.startswith(rel) and not table[t].optional})
-            raise SpecBenchError(f"unknown key {full!r}{where}; allowed: {', '.join(siblings)}")
+            raise SpecBenchError(f"unknown key {full!r}{where}{_nearest(cfg, full)}; allowed: {', '.join(siblings)}")
+
+
+def _nearest(cfg, key: str) -> str:
+    """' (did you mean ...?)' for a misspelt or misplaced key (n_samples -> task.num_samples), else ''."""
+    def paths(node, prefix=""):
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            yield full
+            if isinstance(node._get_node(k), DictConfig):
+                yield from paths(node[k], full + ".")
+    parent, _, leaf = key.rpartition(".")
+    group = key.split(".")[0] + "." if parent else ""  # a group's key is another key of that group, not train's
+    # leaf names are compared (full paths would match any sibling on the shared prefix); ties go to a sibling,
+    # then to the shallower key (temperature: sampling.temperature, not train.data.temperature)
+    scored = [(difflib.SequenceMatcher(None, leaf, p.rpartition(".")[2]).ratio(), p.rpartition(".")[0] == parent,
+               -p.count("."), p)
+              for p in paths(cfg) if p.startswith(group) and p != key and not key.startswith(p + ".")
+              and not p.startswith(key + ".")]
+    best = max(scored, default=(0.0, False, 0, ""))
+    return f" (did you mean {best[3]!r}?)" if best[0] >= NEAR else ""
 
 
 def validate(cfg: DictConfig) -> None:
