@@ -170,6 +170,7 @@ CASES = [
     Case("top_level_name_of_a_group_key", TINY + ["temperature=0.5"], "(did you mean 'sampling.temperature'?)"),
     Case("no_near_key_in_another_group", TINY + ["method=pld", "method.k=3"],
          "unknown key 'method.k' for method 'pld'; allowed: max_ngram, min_ngram, name"),
+    Case("override_hydra_refuses_unnamed", TINY + ["profile.ks.x=1"], "profile.ks.x=1: invalid literal for int()"),
     Case("misspelt_key_in_a_sweep", TINY + ["-m", "method=pld,suffix", "method.max_ngam=3"], "did you mean 'method.max_ngram'?"),
     Case("unknown_train_key", ["method=eesd", "model=tiny-llama", "+train.data.foo=1"], "train.data.foo",
          entry="specbench.train"),

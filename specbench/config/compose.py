@@ -97,12 +97,23 @@ def compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
     except Exception as e:  # noqa: BLE001 - any composition failure is bad input
         if m := re.match(r"Could not override '([^']+)'", str(e)):
             raise SpecBenchError(_unknown_key(m.group(1), overrides)) from None
-        raise SpecBenchError(one_line(e)) from None
+        raise SpecBenchError(_culprit(overrides) + one_line(e)) from None
 
 
 def _compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("config", overrides=overrides, return_hydra_config=hydra_config)
+
+
+def _culprit(overrides: list[str]) -> str:
+    """'<override>: ' for the first override that composition refuses (Hydra's message may not name it:
+    `profile.ks.x=1` -> "invalid literal for int()"); '' when none alone is to blame."""
+    for i, o in enumerate(overrides):
+        try:
+            _compose(overrides[:i + 1])
+        except Exception:  # noqa: BLE001
+            return f"{o}: "
+    return ""
 
 
 def _unknown_key(key: str, overrides: list[str]) -> str:
