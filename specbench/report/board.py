@@ -54,9 +54,14 @@ def cell_text(c: Cell, fastest_ar: float | None = None) -> str:
     ar, beside = c.ar_speed(), c.beside()
     if ar and fastest_ar and ar < SLOW_AR * fastest_ar:
         parts.append(f"AR at {ar / fastest_ar:.0%} of the host's fastest")
-    if beside is not None and beside >= BESIDE:
+    if ran_beside(beside):
         parts.append(f"beside load {beside:.1f}")
     return ", ".join(parts)
+
+
+def ran_beside(load: float | None) -> bool:
+    """Whether a cell's load beyond its own threads (Cell.beside) counts as running beside other work."""
+    return load is not None and load >= BESIDE
 
 
 def _host_line(cells: list[Cell]) -> str:
@@ -80,7 +85,7 @@ def _beside_line(cells: list[Cell]) -> str:
     loads = [b for b in (c.beside() for c in cells if not c.stale) if b is not None]
     if not loads:
         return "; no cell recorded the machine's load"
-    busy = sum(b >= BESIDE for b in loads)
+    busy = sum(map(ran_beside, loads))
     return (f"; {len(loads) - busy} of its cells ran alone, {busy} beside other work (median load beyond their own "
             f"threads {statistics.median(loads):.1f})" if busy else f"; all {len(loads)} of its cells ran alone")
 
