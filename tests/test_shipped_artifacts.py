@@ -109,6 +109,16 @@ def test_an_altered_published_artifact_is_refused_before_anything_is_written(tmp
         build("eagle3", target, method_cfg(**MCFG))
 
 
+def test_a_fine_tune_is_published_only_with_a_note_on_its_init(tmp_path, monkeypatch):
+    path = trained(tmp_path, monkeypatch)[1]
+    monkeypatch.setattr(artifacts, "PUBLISHED", tmp_path / "published")
+    command = "python -m specbench.train method=eagle3 model=tiny-llama train.init=/scratch/init.safetensors"
+    with pytest.raises(SpecBenchError, match="give --note"):
+        publish(path, command)
+    shipped = publish(path, command, note="train.init: git show abc:init.safetensors")
+    assert json.loads(shipped.with_suffix(".json").read_text())["note"] == "train.init: git show abc:init.safetensors"
+
+
 SHIPPED = sorted(artifacts.PUBLISHED.rglob("*.safetensors")) if artifacts.PUBLISHED.is_dir() else []
 
 
@@ -120,6 +130,11 @@ def test_every_shipped_artifact_matches_its_record(path):
     meta = artifacts.read_checkpoint(path, "-")
     assert path == artifacts.published_path(meta["kind"], meta["model_key"], meta["structure"])
     assert info["command"].startswith("python -m specbench.train ")
+    # a fine-tune's command reads a file outside the package: its record says where that file is kept
+    init = next((a.split("=", 1)[1] for a in info["command"].split() if a.startswith("train.init=")), None)
+    if init is not None:
+        sha = meta["settings"]["init"]["sha256"]
+        assert "git show " in info.get("note", "") and sha[:16] in info["note"], (path.name, init)
 
 
 def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_nothing(tmp_path, monkeypatch, data_dir):

@@ -35,4 +35,5 @@ CMD="python -m specbench.train method=$METHOD $OWN model=smollm2-135m model.back
 nice -n 19 $CMD
 [ "${PUBLISH:-0}" = 1 ] || exit 0
 ck=$(ls -t "$CACHE/$METHOD"/smollm2-135m-*.safetensors | grep -v resume | head -1)
-python -m specbench.tools.publish "$ck" --command "$(echo $CMD)"  # its train.init: the git show above
+python -m specbench.tools.publish "$ck" --command "$(echo $CMD)" \
+  --note "train.init: git show 9a79033:specbench/published_artifacts/smollm2-135m-98362432-float32/$FILE (sha256 $(sha256sum "$INIT" | cut -c1-16)...; bench/recipe/finetune_eagle_cpu.sh restores it)"

@@ -4,7 +4,9 @@ Copies a trained checkpoint from the cache into the package (specbench/published
 key>/<kind>/, artifacts.published_path), where `checkpoint: auto` finds it when the cache holds
 none: floating tensors as float16 (the parts run in the target's dtype; float16 halves the file),
 the same metadata (kind, model key, structure, training settings), and beside it `<name>.json`
-with the file's sha256, its size and the exact command (tests/test_shipped_artifacts.py checks both).
+with the file's sha256, its size and the exact command (tests/test_shipped_artifacts.py checks both). A
+fine-tune's command reads `train.init=<file>`, a path on the machine that trained it: `--note` must say where
+that file is kept (e.g. the `git show <commit>:<path>` that restores it), or the record could not be rerun.
 A Self-SD skip-search result (JSON) ships the same way, to <model key>/self_sd/ (its record:
 `<name>.sha256.json`), where `skip.source: auto` finds it when the cache holds none.
 """
@@ -25,7 +27,10 @@ from specbench.models.artifacts import (_flatten, atomic_write, load_skip_result
 from specbench.run.provenance import file_sha256
 
 
-def publish(src: Path, command: str) -> Path:
+def publish(src: Path, command: str, note: str | None = None) -> Path:
+    if "train.init=" in command and not note:
+        raise SpecBenchError("the command reads train.init=<file>, a path on this machine: give --note saying where "
+                             "that file is kept (e.g. `git show <commit>:<path> > init.safetensors`)")
     ckpt = read_checkpoint(src, "train it again")
     flat = {k: (v.half() if v.is_floating_point() else v) for k, v in _flatten(ckpt["state"]).items()}
     meta = {k: v for k, v in ckpt.items() if k != "state"}
@@ -34,6 +39,8 @@ def publish(src: Path, command: str) -> Path:
     info = {"file": dest.name, "sha256": file_sha256(dest), "bytes": dest.stat().st_size,
             "dtype": "float16", "kind": meta["kind"], "model_key": meta["model_key"], "structure": meta["structure"],
             "command": command, "parameters": sum(v.numel() for v in flat.values() if v.is_floating_point())}
+    if note:
+        info["note"] = note
     manifest_path(dest).write_text(json.dumps(info, indent=1) + "\n")
     return dest
 
@@ -56,10 +63,13 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m specbench.tools.publish")
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--command", required=True, help="the exact command that trained it")
+    ap.add_argument("--note", help="how it was trained beyond the command (where its train.init file is kept)")
     args = ap.parse_args(argv)
-    run = publish_skip_set if args.checkpoint.suffix == ".json" else publish
     try:
-        print(run(args.checkpoint, args.command))
+        if args.checkpoint.suffix == ".json":
+            print(publish_skip_set(args.checkpoint, args.command))
+        else:
+            print(publish(args.checkpoint, args.command, args.note))
     except SpecBenchError as e:
         fail(str(e))
 
