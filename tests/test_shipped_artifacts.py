@@ -14,7 +14,7 @@ from specbench.config import settings
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eagle3_head import structure_of
 from specbench.run.provenance import file_sha256
-from specbench.tools.publish import publish
+from specbench.tools.publish import publish, reads_init
 from specbench.train.eagle3 import train_eagle3
 from specbench.train.parts import FIRST_USE
 from tests.helpers import ar_tokens, build, method_cfg, tiny_model, train_run
@@ -117,6 +117,9 @@ def test_a_fine_tune_is_published_only_with_a_note_on_its_init(tmp_path, monkeyp
         publish(path, command)
     shipped = publish(path, command, note="train.init: git show abc:init.safetensors")
     assert json.loads(shipped.with_suffix(".json").read_text())["note"] == "train.init: git show abc:init.safetensors"
+    # train.init=null starts from the target: no outside file, no note needed
+    assert "note" not in json.loads(publish(path, command.replace("/scratch/init.safetensors", "null"))
+                                    .with_suffix(".json").read_text())
 
 
 SHIPPED = sorted(artifacts.PUBLISHED.rglob("*.safetensors")) if artifacts.PUBLISHED.is_dir() else []
@@ -131,10 +134,9 @@ def test_every_shipped_artifact_matches_its_record(path):
     assert path == artifacts.published_path(meta["kind"], meta["model_key"], meta["structure"])
     assert info["command"].startswith("python -m specbench.train ")
     # a fine-tune's command reads a file outside the package: its record says where that file is kept
-    init = next((a.split("=", 1)[1] for a in info["command"].split() if a.startswith("train.init=")), None)
-    if init is not None:
+    if reads_init(info["command"]):
         sha = meta["settings"]["init"]["sha256"]
-        assert "git show " in info.get("note", "") and sha[:16] in info["note"], (path.name, init)
+        assert "git show " in info.get("note", "") and sha[:16] in info["note"], path.name
 
 
 def test_a_published_eesd_exit_layer_and_cali_predictor_make_first_use_train_nothing(tmp_path, monkeypatch, data_dir):

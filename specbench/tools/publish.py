@@ -27,8 +27,14 @@ from specbench.models.artifacts import (_flatten, atomic_write, load_skip_result
 from specbench.run.provenance import file_sha256
 
 
+def reads_init(command: str) -> bool:
+    """Does the command fine-tune from a file? (`train.init=null` starts from the target: no file to keep.)"""
+    values = [a.split("=", 1)[1] for a in command.split() if a.lstrip("+").startswith("train.init=")]
+    return any(v.strip("'\"").lower() not in ("null", "none", "~", "") for v in values)
+
+
 def publish(src: Path, command: str, note: str | None = None) -> Path:
-    if "train.init=" in command and not note:
+    if reads_init(command) and not note:
         raise SpecBenchError("the command reads train.init=<file>, a path on this machine: give --note saying where "
                              "that file is kept (e.g. `git show <commit>:<path> > init.safetensors`)")
     ckpt = read_checkpoint(src, "train it again")
