@@ -9,7 +9,8 @@ import yaml
 from helpers import tiny_settings
 
 from specbench.config import modelinfo, schema
-from specbench.config.compose import CONF_DIR, check_value, compose, validate
+from specbench.config.compose import CONF_DIR, compose
+from specbench.config.validate import check_value, validate
 from specbench.core.errors import SpecBenchError
 
 GROUP_TABLES = {"method": schema.METHODS, "task": schema.TASKS, "control": schema.CONTROLS}

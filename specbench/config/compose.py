@@ -1,4 +1,4 @@
-"""Composing and validating the configuration, before anything is written to disk.
+"""Composing the configuration, and validating it (specbench/config/validate.py), before anything is written to disk.
 
 Every entry point (`python -m specbench`, `specbench.train`, `specbench.tools.skipsearch`) composes the
 Hydra config through here and runs `validate` once over the result: a bad value is one line
@@ -12,7 +12,6 @@ import it. After `validate`, the entry points read the config as typed settings 
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import re
@@ -23,18 +22,16 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
-from specbench.config import bounds, modelinfo, schema, settings
-from specbench.core.errors import SpecBenchError, bad_value, show_value
-from specbench.config.identity import check_run_dir
+from specbench.config.engines import method_configs, method_options
 from specbench.config.settings import CONF_DIR
-from specbench.config.engines import engine_rules, method_configs, method_options
+from specbench.config.validate import validate
+from specbench.core.errors import SpecBenchError, one_line
 
 GROUPS = ("method", "task", "model", "control", "experiment", "engine")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_COMBINATIONS = 256  # beyond: each swept value once, the other keys at their first value
-NEAR = 0.75  # an unknown key's nearest known one is suggested from this similarity of their last names
 
 
 PAPER_CONTROL_FALLBACK = "fixed"  # the default controller of a method without conf/control/paper/<method>.yaml
@@ -60,12 +57,6 @@ register_paper_control_fallbacks()
 def fail(message: str, code: int = 2) -> None:
     print(f"specbench: error: {message}", file=sys.stderr)
     raise SystemExit(code)
-
-
-def one_line(e: BaseException, lines: int = 2) -> str:
-    """Hydra's and OmegaConf's errors span several lines; keep the first ones, joined."""
-    parts = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return "; ".join(parts[:lines]) or type(e).__name__
 
 
 def check_choices(argv: list[str]) -> None:
@@ -183,217 +174,3 @@ def precheck(argv: list[str]) -> None:
         fail(str(e))
 
 
-# ----------------------------------------------------------------------------- validation
-# One pass over a composed config: every key against the typed schema (specbench/config/schema.py: types,
-# ranges, null; a key the schema does not know is refused), then the rules between keys, then the
-# resource bounds that need the model's shape (specbench/config/modelinfo.py: read without the weights).
-# A hand-built config may leave keys out (tests, library use): only what is there is checked.
-
-ABSENT = object()  # a key the config does not have
-
-
-def _get(cfg, key: str):
-    try:
-        v = OmegaConf.select(cfg, key, default=ABSENT, throw_on_missing=True)
-    except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
-        raise SpecBenchError(f"{key}: {one_line(e, 1)}") from None
-    return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
-
-
-_show, _bad = show_value, bad_value
-
-
-check_value = schema.check
-
-
-def check_values(values: dict, table: dict) -> None:
-    """Plain key -> value settings (specbench.tools.skipsearch's own keys) against a schema table."""
-    for key, value in values.items():
-        if key not in table:
-            raise SpecBenchError(f"unknown key {key!r}; allowed: {', '.join(sorted(table))}")
-        check_value(key, value, table[key])
-
-
-def _walk(cfg, path: str, table: dict, where: str, rel: str = "") -> None:
-    """Every key under `path` (a dict node of cfg) against `table` (keys relative to the group)."""
-    node = OmegaConf.select(cfg, path) if path else cfg
-    for k in node.keys():
-        if not path and k in schema.GROUP_KEYS:
-            _group(cfg, k)
-            continue
-        full, key = f"{path}.{k}" if path else str(k), f"{rel}{k}"
-        spec = table.get(key)
-        if spec is not None and spec.type == "table":
-            _walk(cfg, full, spec.table, where)
-        elif spec is not None:
-            check_value(full, _get(cfg, full), spec)
-        elif any(t.startswith(key + ".") for t in table) and isinstance(node._get_node(k), DictConfig):
-            _walk(cfg, full, table, where, key + ".")
-        elif any(t.startswith(key + ".") for t in table):
-            raise _bad(full, _get(cfg, full), "a mapping of " + ", ".join(sorted(t for t in table if t.startswith(key + "."))))
-        else:
-            siblings = sorted({t[len(rel):].split(".")[0] for t in table if t.startswith(rel) and not table[t].optional})
-            raise SpecBenchError(f"unknown key {full!r}{where}{_nearest(cfg, full)}; allowed: {', '.join(siblings)}")
-
-
-def _nearest(cfg, key: str) -> str:
-    """' (did you mean ...?)' for a misspelt or misplaced key (n_samples -> task.num_samples), else ''."""
-    def paths(node, prefix=""):
-        for k in node.keys():
-            full = f"{prefix}{k}"
-            yield full
-            if isinstance(node._get_node(k), DictConfig):
-                yield from paths(node[k], full + ".")
-    parent, _, leaf = key.rpartition(".")
-    group = key.split(".")[0] + "." if parent else ""  # a group's key is another key of that group, not train's
-    # leaf names are compared (full paths would match any sibling on the shared prefix); ties go to a sibling,
-    # then to the shallower key (temperature: sampling.temperature, not train.data.temperature)
-    scored = [(difflib.SequenceMatcher(None, leaf, p.rpartition(".")[2]).ratio(), p.rpartition(".")[0] == parent,
-               -p.count("."), p)
-              for p in paths(cfg) if p.startswith(group) and p != key and not key.startswith(p + ".")
-              and not p.startswith(key + ".")]
-    best = max(scored, default=(0.0, False, 0, ""))
-    return f" (did you mean {best[3]!r}?)" if best[0] >= NEAR else ""
-
-
-def validate(cfg: DictConfig) -> None:
-    """One pass over a composed config; raises SpecBenchError naming the first bad value."""
-    _walk(cfg, "", schema.TOP, "")
-    rules(cfg)
-    resources(cfg)
-
-
-def _group(cfg, group: str) -> None:
-    if not isinstance(cfg[group], DictConfig):
-        raise _bad(group, _get(cfg, group), f"a {group} config (a mapping)")
-    choice, table = schema.group_table(group, cfg[group], _get(cfg, "engine.name"))
-    if table is None and group != "model":
-        # a method, task or controller registered at runtime (library use, tests), not shipped in
-        # conf/: its own code checks its keys (the command line only offers conf/'s choices)
-        return
-    if table is None:
-        raise SpecBenchError(f"unknown {group} {choice}; allowed: {', '.join(sorted(schema.MODELS))}")
-    _walk(cfg, group, table, f" for {group} {choice}" if group != "train" else " in the train config")
-
-
-# ----------------------------------------------------------------------------- rules between keys
-def _present(*values) -> bool:
-    return all(v is not ABSENT and v is not None for v in values)
-
-
-def rules(cfg) -> None:
-    """What one key allows given another (each key's own type and range are already checked)."""
-    lo, hi = _get(cfg, "method.min_ngram"), _get(cfg, "method.max_ngram")
-    if _get(cfg, "method.name") == "pld" and _present(lo, hi) and hi < lo:
-        raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
-    lo, hi = _get(cfg, "method.min_suffix"), _get(cfg, "method.max_suffix")
-    if _get(cfg, "method.name") == "rest" and _present(lo, hi) and hi < lo:
-        raise _bad("method.max_suffix", hi, f"an integer >= method.min_suffix ({lo})")
-    if _get(cfg, "method.name") == "samd":
-        _aux_settings(cfg)
-    if _get(cfg, "model.loader") == "tiny":
-        hidden, heads, kv = (_get(cfg, f"model.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
-        if _present(hidden, heads) and hidden % heads:
-            raise _bad("model.hidden_size", hidden, f"a multiple of model.num_heads ({heads})")
-        if _present(hidden, heads) and (hidden // heads) % 2:
-            raise _bad("model.hidden_size", hidden, f"model.hidden_size / model.num_heads ({heads}) even (rotary embeddings rotate pairs)")
-        if _present(heads, kv) and heads % kv:
-            raise _bad("model.num_kv_heads", kv, f"a divisor of model.num_heads ({heads})")
-    if _get(cfg, "model.loader") == "hf" and _get(cfg, "model.id") not in (ABSENT, None):
-        p = Path(str(_get(cfg, "model.id"))).expanduser()
-        if p.is_dir() and not (p / "config.json").is_file():
-            raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
-    engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)
-    if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
-        check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
-
-
-def _aux_settings(cfg) -> None:
-    """SAM-Decoding's `aux_settings`: keys of its auxiliary drafter's own table (not its name)."""
-    aux, over = _get(cfg, "method.aux"), _get(cfg, "method.aux_settings")
-    if over is ABSENT or aux not in schema.METHODS:
-        return
-    if not isinstance(over, dict):
-        raise _bad("method.aux_settings", over, f"a mapping of method.aux={aux}'s settings")
-    if "name" in over:
-        raise SpecBenchError("method.aux_settings.name is not allowed; choose the auxiliary with method.aux")
-    _walk(cfg, "method.aux_settings", schema.METHODS[aux], f" for the auxiliary method.aux={aux}")
-
-
-# ----------------------------------------------------------------------------- resource bounds
-def resources(cfg) -> None:
-    """Bounds that need the model's shape (read without its weights): layer indices and draft
-    depths within the model, every method's and controller's sizes within its vocabulary, context
-    and memory (specbench/config/bounds.py), profile sizes within its context and the memory there is, a
-    tiny model's weights within the memory there is."""
-    if _get(cfg, "model") is ABSENT or (shape := modelinfo.model_shape(settings.group("model", cfg.model))) is None:
-        return
-    of = f"the model {shape.name}"
-    n_layers, draft_layers = _get(cfg, "method.n_layers"), _get(cfg, "method.draft.num_layers")
-    if _get(cfg, "method.name") == "eesd" and _present(n_layers) and n_layers >= shape.layers:
-        raise _bad("method.n_layers", n_layers, f"an integer from 1 to {shape.layers - 1} ({of} has {shape.layers} layers)")
-    if isinstance(draft_layers, int) and draft_layers > shape.layers:
-        raise _bad("method.draft.num_layers", draft_layers, f"an integer from 1 to {shape.layers} or 'auto' ({of} has {shape.layers} layers)")
-    for key in ("method.skip.attn", "method.skip.mlp"):
-        if isinstance(v := _get(cfg, key), list) and any(i >= shape.layers for i in v):
-            raise _bad(key, v, f"layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
-    layers = _get(cfg, "method.layers") if _get(cfg, "method.name") == "eagle3" else "auto"
-    if layers not in (ABSENT, None, "auto") and not (isinstance(layers, list) and len(layers) == 3 and all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < shape.layers for i in layers)):
-        raise _bad("method.layers", layers, f"'auto' or three layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
-    if _present(size := _get(cfg, "method.draft_vocab.size")) and size > shape.vocab:
-        raise _bad("method.draft_vocab.size", size, f"at most the vocabulary, {shape.vocab} tokens, or null")
-    if shape.context and _present(warm := _get(cfg, "warmup_tokens")) and warm >= shape.context:
-        raise _bad("warmup_tokens", warm, f"an integer below {shape.context}, the context length of {of}")
-    _memory(cfg, shape)
-    profiled = _get(cfg, "profile.enabled") is True
-    if profiled:
-        _profile(cfg, shape)
-    if _get(cfg, "engine.name") in (ABSENT, None, "native"):  # engine=vllm: vLLM's methods, its own bounds
-        free = modelinfo.available_bytes() if _on_cpu(cfg) else None
-        lim = bounds.Limits(shape, _get(cfg, "profile.context") if profiled else None, free, _width(cfg))
-        bounds.check(lambda key: None if (v := _get(cfg, key)) is ABSENT else v, lim)
-
-
-def _on_cpu(cfg) -> bool:
-    """Memory bounds compare with the host's free memory: they apply to CPU runs only."""
-    device = _get(cfg, "model.device")
-    return device == "cpu" or (device in ("auto", None, ABSENT) and not Path("/dev/nvidiactl").exists())
-
-
-def _width(cfg) -> int:
-    return modelinfo.DTYPE_BYTES.get(str(_get(cfg, "model.dtype")), 4)
-
-
-def _memory(cfg, shape) -> None:
-    free = modelinfo.available_bytes()
-    if _get(cfg, "model.loader") != "tiny" or not _on_cpu(cfg) or free is None:
-        return
-    need = shape.params() * _width(cfg)
-    if need > free:
-        key = max(("num_layers", "hidden_size", "intermediate_size"), key=lambda k: _get(cfg, f"model.{k}"))
-        raise _bad(f"model.{key}", _get(cfg, f"model.{key}"),
-                   f"a size whose weights fit in memory: {shape.params():,} parameters need "
-                   f"{need / modelinfo.GIB:.1f} GiB, {free / modelinfo.GIB:.1f} GiB are free")
-
-
-def _profile(cfg, shape) -> None:
-    """profile.ks after profile.context (the method's verify widths, which it measures too: bounds.py)."""
-    ks, context = _get(cfg, "profile.ks"), _get(cfg, "profile.context")
-    if not isinstance(ks, list) or not ks or not _present(context):
-        return
-    k = max(ks)
-    if shape.context and context + k > shape.context:
-        key, value = ("profile.ks", ks) if k >= context else ("profile.context", context)
-        raise _bad(key, value, f"profile.context + max(profile.ks) <= {shape.context}, the context length of the model {shape.name}")
-    free = modelinfo.available_bytes()
-    if not _on_cpu(cfg) or free is None:
-        return
-    width = _width(cfg)
-    prefill, step = shape.forward_bytes(context, 0, 1, width), shape.forward_bytes(k, context, k, width)
-    need = shape.params() * width + max(prefill, step)
-    if need > free:
-        key, value = ("profile.ks", ks) if step > prefill else ("profile.context", context)
-        raise _bad(key, value, f"smaller profile sizes: a forward over {k if step > prefill else context} tokens "
-                   f"with {context if step > prefill else 0} cached needs about {need / modelinfo.GIB:.1f} GiB "
-                   f"with the weights (KV cache, activations, logits), {free / modelinfo.GIB:.1f} GiB are free")

@@ -21,6 +21,12 @@ def bad_value(key: str, value, allowed: str) -> SpecBenchError:
     return SpecBenchError(f"{key}={show_value(value)} is not allowed; expected {allowed}")
 
 
+def one_line(e: BaseException, lines: int = 2) -> str:
+    """Hydra's and OmegaConf's errors span several lines; keep the first ones, joined."""
+    parts = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return "; ".join(parts[:lines]) or type(e).__name__
+
+
 class Interrupted(SpecBenchError):
     """Ctrl-C during a run: what was kept and how to go on, one line, exit code 130 (128 + SIGINT)."""
 

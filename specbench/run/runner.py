@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from specbench.config import settings
 from specbench.config.bounds import check_widths
-from specbench.config.compose import validate
+from specbench.config.validate import validate
 from specbench.core.cpuinfo import cpuinfo_field
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import check_mode

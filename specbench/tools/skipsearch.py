@@ -16,7 +16,8 @@ import sys
 import torch
 
 from specbench.config import settings
-from specbench.config.compose import check_choices, check_values, compose, fail, validate
+from specbench.config.compose import check_choices, compose, fail
+from specbench.config.validate import check_values, validate
 from specbench.config.schema import SEARCH
 from specbench.config.settings import CONF_DIR
 from specbench.core.errors import SpecBenchError

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specbench.config.compose import validate
+from specbench.config.validate import validate
 from specbench.core.errors import SpecBenchError
 from specbench.run.provenance import model_provenance, path_digest
 from specbench.config.identity import check_run_dir
