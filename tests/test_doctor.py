@@ -42,9 +42,12 @@ def test_budget_table_from_counts():
     assert rows[-1] == "| pld-fixed [graphs] | 3 | 0-4 (mean 2.7) | 1 | 1-5 (mean 3.7) | 1 | 0 |"
 
 
-def test_bad_device_is_one_line_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize("argv, expect", [(["--device", "tpu"], "unknown --device 'tpu'; allowed: cuda, cpu"),
+                                          (["--seconds", "-1"], "--seconds must be > 0, got -1.0"),
+                                          (["--seconds", "nan"], "--seconds must be > 0, got nan")])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, argv, expect):
     out = tmp_path / "r.md"
-    r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", "--device", "tpu", "--out", str(out)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", *argv, "--out", str(out)], cwd=REPO,
                        capture_output=True, text=True)
-    assert r.returncode == 2 and not out.exists()
-    assert r.stderr.strip() == "specbench: error: unknown --device 'tpu'; allowed: cuda, cpu"
+    assert r.returncode == 2 and not out.exists(), r.stderr[-500:]
+    assert r.stderr.strip() == f"specbench: error: {expect}"

@@ -246,3 +246,9 @@ def test_calibrate_bad_input_is_one_line(capsys):
         calibrate_main(["--repeats", "1"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "specbench: error: --repeats must be >= 2, got 1"
+    # a misspelt key: the CLI's line (the nearest known key), not Hydra's advice to append it with '+'
+    with pytest.raises(SystemExit) as e:
+        calibrate_main(["n_samples=2"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().startswith(
+        "specbench: error: unknown key 'n_samples' (did you mean 'task.num_samples'?); allowed: ")

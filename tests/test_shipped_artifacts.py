@@ -117,6 +117,11 @@ def test_a_fine_tune_is_published_only_with_a_note_on_its_init(tmp_path, monkeyp
         publish(path, command)
     shipped = publish(path, command, note="train.init: git show abc:init.safetensors")
     assert json.loads(shipped.with_suffix(".json").read_text())["note"] == "train.init: git show abc:init.safetensors"
+    # the record's command is what reruns it; a missing file is named as missing
+    with pytest.raises(SpecBenchError, match="is not the command that made it; expected 'python -m specbench.train ...'"):
+        publish(path, "make train")
+    with pytest.raises(SpecBenchError, match="no checkpoint file"):
+        publish(tmp_path / "nope.safetensors", command, note="x")
     # train.init=null starts from the target: no outside file, no note needed
     assert "note" not in json.loads(publish(path, command.replace("/scratch/init.safetensors", "null"))
                                     .with_suffix(".json").read_text())

@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from specbench.config import settings
 from specbench.models.artifacts import cache_dir
-from specbench.config.compose import CONF_DIR, check_choices, fail, validate
+from specbench.config.compose import check_choices, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
 from specbench.core.errors import SpecBenchError
@@ -148,11 +147,7 @@ def main(argv: list[str]) -> None:
     args, overrides = parse(argv)
     check_choices(overrides)
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
-    except Exception as e:  # noqa: BLE001 - any composition failure is bad input
-        fail("; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:300] or type(e).__name__)
-    try:
+        cfg = compose(overrides)  # an unknown key: the schema's line with the nearest known one, as the CLI's
         print(render(*calibrate(cfg, args)))
     except SpecBenchError as e:
         fail(str(e))

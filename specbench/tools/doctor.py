@@ -59,6 +59,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         fail(f"--tokens must be >= 2, got {args.tokens}")
     if args.samples < 2:
         fail(f"--samples must be >= 2, got {args.samples}")
+    if not args.seconds > 0:  # also nan
+        fail(f"--seconds must be > 0, got {args.seconds}")
     return args
 
 

@@ -33,11 +33,23 @@ def reads_init(command: str) -> bool:
     return any(v.strip("'\"").lower() not in ("null", "none", "~", "") for v in values)
 
 
+TRAIN, SEARCH = "python -m specbench.train ", "python -m specbench.tools.skipsearch "
+
+
+def _check_command(command: str, entry: str) -> None:
+    """The record's command is what reruns it (tests/test_shipped_artifacts.py checks each): refuse another."""
+    if not command.startswith(entry):
+        raise SpecBenchError(f"--command {command[:60]!r} is not the command that made it; expected '{entry}...'")
+
+
 def publish(src: Path, command: str, note: str | None = None) -> Path:
+    _check_command(command, TRAIN)
     if reads_init(command) and not note:
         raise SpecBenchError("the command reads train.init=<file>, a path on this machine: give --note saying where "
                              "that file is kept (e.g. `git show <commit>:<path> > init.safetensors`)")
-    ckpt = read_checkpoint(src, "train it again")
+    if not Path(src).is_file():
+        raise SpecBenchError(f"no checkpoint file {src}")
+    ckpt = read_checkpoint(src, "python -m specbench.train ...")
     flat = {k: (v.half() if v.is_floating_point() else v) for k, v in _flatten(ckpt["state"]).items()}
     meta = {k: v for k, v in ckpt.items() if k != "state"}
     dest = published_path(meta["kind"], meta["model_key"], meta["structure"])
@@ -54,6 +66,7 @@ def publish(src: Path, command: str, note: str | None = None) -> Path:
 def publish_skip_set(src: Path, command: str) -> Path:
     """A Self-SD skip-search result (JSON, specbench/train/skipsearch.py) into the package, where
     `skip.source: auto|search` finds it when the cache holds none; its record is `<name>.sha256.json`."""
+    _check_command(command, SEARCH)
     result = load_skip_result(src)
     if not result.get("model_key"):
         raise SpecBenchError(f"skip-search result {src} names no model_key; rerun the search")
