@@ -235,6 +235,11 @@ def test_cell_command_and_bad_input(folder, capsys, monkeypatch):
         board.run_cell("nope", "gsm8k", [], folder, dry_run=True)
     with pytest.raises(SpecBenchError, match="task 'humaneval' is not a leaderboard column; allowed: gsm8k, xsum"):
         board.run_cell("pld", "humaneval", [], folder, dry_run=True)
+    # a folder or README that is not there: named, one line each (the README's was a traceback)
+    with pytest.raises(SpecBenchError, match="holds no leaderboard.yaml"):
+        board.regenerate(folder / "nope", None, check=True)
+    with pytest.raises(SpecBenchError, match="--readme .*/NO.md: no such file"):
+        board.regenerate(folder, folder / "NO.md", check=True)
 
 
 def test_a_cell_the_command_measures_is_current(folder, monkeypatch):

@@ -174,6 +174,8 @@ def regenerate(folder: Path = FOLDER, readme: Path = README, check: bool = False
     cells = find_cells(spec, folder)
     wanted = {Path(folder) / "README.md": page(spec, cells)}
     if readme is not None:
+        if not Path(readme).is_file():
+            raise SpecBenchError(f"--readme {readme}: no such file (the README whose leaderboard section is rewritten)")
         wanted[Path(readme)] = replace_section(Path(readme).read_text(), section(spec, cells), str(readme))
     stale = [p for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
     if not check:

@@ -58,6 +58,8 @@ class Spec:
 
 def load_spec(folder: Path = FOLDER) -> Spec:
     path = Path(folder) / SPEC
+    if not path.is_file():
+        raise SpecBenchError(f"{folder} holds no {SPEC} (a leaderboard folder: its spec, then one folder per host)")
     try:
         d = yaml.safe_load(path.read_text())
         rows = tuple(Row(str(r["name"]), str(r["method"]), str(r.get("label") or r["name"]), tuple(r.get("overrides") or ()))
