@@ -114,6 +114,9 @@ CASES = [
     # empty strings, negative zero, NaN / inf
     Case("seed_empty", TINY + ["seed="], "seed=''"),
     Case("run_name_empty", TINY + ["run_name="], "run_name=''"),
+    # run_name is a part of run_dir: a path in it nested or left results/ (run_dir=<path> puts a run elsewhere)
+    Case("run_name_parent", TINY + ["run_name=../../x"], "run_name='../../x' is not allowed; expected one folder name"),
+    Case("run_name_nested", TINY + ["run_name=a/b"], "run_name='a/b' is not allowed"),
     Case("alpha0_negative_zero", TINY + ["method=eesd", "control=beta_ts", "control.alpha0=-0.0"], "control.alpha0=-0.0"),
     Case("top_p_nan", TINY + ["sampling.top_p=nan"], "sampling.top_p=nan"),
     Case("temperature_inf", TINY + ["sampling.temperature=inf"], "sampling.temperature=inf"),

@@ -36,6 +36,7 @@ class Key:
     table: dict = field(default_factory=dict, hash=False)  # table: a nested table (train.first_use.train)
     optional: bool = False          # not shipped in conf/ (a test or library knob): reads as `absent` when not given
     absent: object = None           # optional keys only: the value settings give it when not given
+    folder: bool = False            # str: one folder name (run_name: a part of run_dir, so no '/' and no '..')
 
     def allowed(self) -> str:
         """What the key takes, in words, for the error line."""
@@ -52,6 +53,8 @@ class Key:
             text = ("a list" if self.empty else "a non-empty list") + f" of {self.item.allowed()}"
         else:
             text = {"bool": "true or false", "str": "a string" if self.empty else "a non-empty string"}.get(self.type, self.type)
+            if self.folder:
+                text = "one folder name (no '/' or '\\', not '.' or '..'; run_dir=<path> puts a run elsewhere)"
         return text + (" or null" if self.null else "")
 
     def accepts(self, v) -> bool:
@@ -61,6 +64,8 @@ class Key:
             return v in self.choices if isinstance(v, str) else self._in_range(v)
         if self.type == "bool":
             return isinstance(v, bool)
+        if self.type == "str" and self.folder:
+            return isinstance(v, str) and v not in ("", ".", "..") and not any(c in v for c in "/\\\0")
         if self.type == "str":
             return isinstance(v, str) and (v in self.choices if self.choices else (self.empty or v != ""))
         if self.type == "list":
@@ -157,7 +162,7 @@ TOP = {
     "measure.max_foreign_share": NUM(0, 1),  # others' share of our CPUs' time (interference.foreign_share)
     "progress": BOOL(),
     "overwrite": BOOL(),
-    "run_name": STR(),
+    "run_name": STR(folder=True),
     "run_dir": STR(empty=True),  # empty: refused by identity.check_run_dir (config.rules), which says what to give
 }
 
