@@ -145,6 +145,10 @@ CASES = [
     Case("space_k_too_wide", TINY + ["method=space", "method.k=100"], "method.k=100"),
     Case("warmup_beyond_context", TINY + ["warmup_tokens=100000"], "warmup_tokens=100000"),
     # issue 42: input files refused in one line naming file and line, before anything is written
+    Case("jsonl_path_a_directory", JSONL[:-1] + ["task.path={tmp}/d"], "task.path='{tmp}/d' is a directory; give a JSONL file",
+         setup=write("d/p.jsonl", '{"prompt": "a"}\n'), before_run=False),
+    Case("hf_model_path_missing", ["model=hf", "model.id=/nonexistent/model", "method=pld"],
+         "model.id='/nonexistent/model': no such directory"),
     Case("jsonl_empty_prompt", JSONL, "p.jsonl:1: field 'prompt' holds an empty prompt",
          setup=write("p.jsonl", '{"prompt": ""}\n'), before_run=False),
     Case("jsonl_empty_second_turn", JSONL, "p.jsonl:2: field 'prompt' holds an empty prompt",
@@ -250,5 +254,5 @@ def test_hostile_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, mo
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2, err[-2000:]
     assert len(lines) == 1 and lines[0].startswith("specbench: error:"), err[-2000:]
-    assert case.expect in lines[0], lines[0]
+    assert case.expect.replace("{tmp}", str(tmp_path)) in lines[0], lines[0]
     assert sorted(tmp_path.rglob("*")) == before  # no run directory, nothing else written

@@ -131,7 +131,10 @@ def rules(cfg) -> None:
         if _present(heads, kv) and heads % kv:
             raise _bad("model.num_kv_heads", kv, f"a divisor of model.num_heads ({heads})")
     if _get(cfg, "model.loader") == "hf" and _get(cfg, "model.id") not in (ABSENT, None):
-        p = Path(str(_get(cfg, "model.id"))).expanduser()
+        raw = str(_get(cfg, "model.id"))
+        p = Path(raw).expanduser()
+        if raw.startswith(("/", "./", "../", "~")) and not p.exists():  # a path, not a hub id (org/name)
+            raise SpecBenchError(f"model.id={raw!r}: no such directory (a local model is a folder holding config.json)")
         if p.is_dir() and not (p / "config.json").is_file():
             raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
     engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)

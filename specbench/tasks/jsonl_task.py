@@ -50,6 +50,8 @@ class JsonlTask(Task):
         for candidate in tried:
             if candidate.is_file():
                 return candidate
+        if any(c.is_dir() for c in tried):
+            raise SpecBenchError(f"task.path={raw!r} is a directory; give a JSONL file of prompts")
         raise SpecBenchError(f"task.path={raw!r} not found; looked at: {', '.join(map(str, tried))}")
 
     def load_all(self) -> list[Sample]:
