@@ -149,6 +149,8 @@ CASES = [
          setup=write("d/p.jsonl", '{"prompt": "a"}\n'), before_run=False),
     Case("hf_model_path_missing", ["model=hf", "model.id=/nonexistent/model", "method=pld"],
          "model.id='/nonexistent/model': no such directory"),
+    Case("hf_draft_path_missing", TINY + ["method=vanilla_sd", "method.draft.source=hf", "method.draft.id=./nope"],
+         "method.draft.id='./nope': no such directory"),
     Case("jsonl_empty_prompt", JSONL, "p.jsonl:1: field 'prompt' holds an empty prompt",
          setup=write("p.jsonl", '{"prompt": ""}\n'), before_run=False),
     Case("jsonl_empty_second_turn", JSONL, "p.jsonl:2: field 'prompt' holds an empty prompt",

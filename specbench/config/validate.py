@@ -130,16 +130,24 @@ def rules(cfg) -> None:
             raise _bad("model.hidden_size", hidden, f"model.hidden_size / model.num_heads ({heads}) even (rotary embeddings rotate pairs)")
         if _present(heads, kv) and heads % kv:
             raise _bad("model.num_kv_heads", kv, f"a divisor of model.num_heads ({heads})")
-    if _get(cfg, "model.loader") == "hf" and _get(cfg, "model.id") not in (ABSENT, None):
-        raw = str(_get(cfg, "model.id"))
-        p = Path(raw).expanduser()
-        if raw.startswith(("/", "./", "../", "~")) and not p.exists():  # a path, not a hub id (org/name)
-            raise SpecBenchError(f"model.id={raw!r}: no such directory (a local model is a folder holding config.json)")
-        if p.is_dir() and not (p / "config.json").is_file():
-            raise SpecBenchError(f"model.id={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
+    if _get(cfg, "model.loader") == "hf":
+        _hf_path(cfg, "model.id")
+    if _get(cfg, "method.draft.source") == "hf":
+        _hf_path(cfg, "method.draft.id")
     engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)
     if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
         check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
+
+
+def _hf_path(cfg, key: str) -> None:
+    """A Hugging Face model given as a local path: a folder holding config.json (a hub id is org/name)."""
+    if (raw := _get(cfg, key)) in (ABSENT, None):
+        return
+    p = Path(str(raw)).expanduser()
+    if str(raw).startswith(("/", "./", "../", "~")) and not p.exists():
+        raise SpecBenchError(f"{key}={str(raw)!r}: no such directory (a local model is a folder holding config.json)")
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise SpecBenchError(f"{key}={str(p)!r} is a directory but not a Hugging Face model (no config.json in it)")
 
 
 def _aux_settings(cfg) -> None:
