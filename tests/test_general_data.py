@@ -173,3 +173,9 @@ def test_init_is_refused_by_a_trainer_that_does_not_read_it(data_dir, tmp_path, 
     with pytest.raises(SpecBenchError, match=r"train.init='auto'.*eagle3, eagle only, not eesd"):
         train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eesd", "train.init=auto"))
     assert not (tmp_path / "distill").exists()  # refused before any data was generated
+    # a file that is not there, or not a checkpoint: also refused before the data (hours on a real model)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint")
+    for init, why in (("nope.safetensors", "no such file"), ("junk.safetensors", "damaged or not a specbench checkpoint")):
+        with pytest.raises(SpecBenchError, match=why):
+            train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eagle3", f"train.init={tmp_path / init}"))
+        assert not (tmp_path / "distill").exists()

@@ -5,11 +5,13 @@ registries TRAINERS and FIRST_USE are complete once this module is imported."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from specbench.core.discover import import_submodules
 from specbench.core.errors import SpecBenchError
+from specbench.models.artifacts import checkpoint_meta
 from specbench.models.distill import load_sequences, sequences_hash
 from specbench.train.loop import DATA
 from specbench.train.parts import FIRST_USE
@@ -41,6 +43,12 @@ def train_model(cfg, target, trainer: str | None = None) -> dict:
     if cfg.train.init is not None and name not in INIT_TRAINERS:  # before any data is generated
         raise SpecBenchError(f"train.init={cfg.train.init!r} (fine-tuning a trained part) is supported by "
                              f"{', '.join(INIT_TRAINERS)} only, not {name}; set train.init=null")
+    if cfg.train.init not in (None, "auto"):  # a file: read its header now, not after generating the data
+        init = Path(str(cfg.train.init)).expanduser()
+        if not init.is_file():
+            raise SpecBenchError(f"train.init={cfg.train.init!r}: no such file (a trained {name} checkpoint, or auto)")
+        if not checkpoint_meta(init):
+            raise SpecBenchError(f"train.init={cfg.train.init!r} is damaged or not a specbench checkpoint")
     if cfg.train.distill != "hard" and name not in SOFT_TRAINERS:
         raise SpecBenchError(f"train.distill={cfg.train.distill!r} is supported by {', '.join(SOFT_TRAINERS)} only, "
                              f"not {name}; set train.distill=hard")
