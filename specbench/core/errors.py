@@ -1,5 +1,7 @@
 """User-facing errors: one clear line, no traceback (the CLI catches these)."""
 
+import signal
+
 
 class SpecBenchError(Exception):
     """An error caused by bad input or missing resources, reported as one line."""
@@ -28,6 +30,22 @@ def one_line(e: BaseException, lines: int = 2) -> str:
 
 
 class Interrupted(SpecBenchError):
-    """Ctrl-C during a run: what was kept and how to go on, one line, exit code 130 (128 + SIGINT)."""
+    """Ctrl-C (or SIGTERM) during a run: what was kept and how to go on, one line, exit code 128 + the signal."""
 
-    exit_code = 130
+
+_STOPPED_BY = [signal.SIGINT]  # the signal that raised the KeyboardInterrupt being handled
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's time limit, `docker stop`, `kill`) takes Ctrl-C's path: one line saying what was
+    kept, and the vLLM worker killed (by default SIGTERM ends this process alone, with no line, and the worker,
+    in its own session, runs on holding its GPU memory)."""
+    def handler(signum, frame):
+        _STOPPED_BY[0] = signum
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def interrupt_exit_code() -> int:
+    """128 + the signal that stopped the process: 130 for Ctrl-C, 143 for SIGTERM, as a shell reports them."""
+    return 128 + int(_STOPPED_BY[0])

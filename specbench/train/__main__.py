@@ -13,10 +13,13 @@ import torch
 
 from specbench.config import settings
 from specbench.config.compose import check_choices, compose, fail, validate
-from specbench.core.errors import SpecBenchError, choice_error
+from specbench.core.errors import SpecBenchError, choice_error, interrupt_exit_code, stop_on_sigterm
 from specbench.config.help import train_help, wants_help
 from specbench.models import load_model
 from specbench.train.session import TRAINERS, train_model
+
+KEPT = ("the generated batches (journal) and the training state saved every train.checkpoint_every steps are kept; "
+        "run the same command to resume")
 
 
 def main(argv: list[str]) -> None:
@@ -24,12 +27,19 @@ def main(argv: list[str]) -> None:
         print(train_help(sorted(TRAINERS)))
         return
     check_choices(argv)
+    stop_on_sigterm()
     try:
         cfg = compose(argv)
         validate(cfg)
         print(train(cfg))
     except SpecBenchError as e:
         fail(str(e))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journals and resume states on disk are the progress
+        from tqdm import tqdm
+        for bar in list(getattr(tqdm, "_instances", ())):  # the open bar ends its line first, not after ours
+            bar.close()
+        print(f"specbench: interrupted: {KEPT}", file=sys.stderr)
+        raise SystemExit(interrupt_exit_code()) from None
 
 
 def train(cfg) -> dict:
