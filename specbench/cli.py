@@ -8,7 +8,7 @@ import hydra
 from omegaconf import DictConfig
 
 from specbench.config.compose import CONF_DIR, fail, precheck
-from specbench.core.errors import Interrupted, SpecBenchError, interrupt_exit_code, stop_on_sigterm
+from specbench.core.errors import Interrupted, SpecBenchError, interrupt_exit_code
 from specbench.config.help import main_help, wants_help
 from specbench.config.engines import engine_argv
 
@@ -16,7 +16,6 @@ NOTHING_WRITTEN = "before this run wrote anything (runs a sweep finished are kep
 
 
 def main() -> None:
-    stop_on_sigterm()
     if wants_help(sys.argv[1:]):  # ours, not Hydra's generic dump (that one: --hydra-help)
         print(main_help())
         return

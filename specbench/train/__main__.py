@@ -27,7 +27,6 @@ def main(argv: list[str]) -> None:
         print(train_help(sorted(TRAINERS)))
         return
     check_choices(argv)
-    stop_on_sigterm()
     try:
         cfg = compose(argv)
         validate(cfg)
@@ -54,4 +53,5 @@ def train(cfg) -> dict:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # the process's own entry only: a test calling main() keeps its SIGTERM as it was
     main(sys.argv[1:])
