@@ -224,20 +224,29 @@ def main(argv: list[str]) -> None:
         # the target's features of the scored sequences only (a store of their own, cached): the training store of
         # every sequence is reused only where it was made, and a CPU would otherwise prefill all of them first
         every = list({tuple(s[0]): s for held in groups.values() for s in held[: args.limit]}.values())
-        t0 = time.monotonic()
-        scores, info = SCORERS[m](run, target, every, groups, args.limit)
-        where = (run.method.draft if m == "vanilla_sd" else run.method).checkpoint
-        report[m] = {"checkpoint": where, "info": {k: str(v) for k, v in info.items()}, "domains": scores}
-        print(f"\n{m} (checkpoint {where}; {time.monotonic() - t0:.0f} s)")
-        print(f"| domain | held-out seqs | top-1 by depth | labels in draft vocab |\n|---|---:|---|---:|")
-        for name, r in scores.items():
-            print(f"| {name} | {r['sequences']} | {' '.join(f'{a:.3f}' for a in r['acceptance_by_depth'])} | "
-                  f"{r.get('labels_in_draft_vocab', '')} |" + (f" fine-tuned model agrees with the target: "
-                  f"{r['finetuned_agrees_with_target']:.3f}" if "finetuned_agrees_with_target" in r else ""))
+        report[m] = score(m, run, target, every, groups, args.limit)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"argv": argv, "report": report}, f, indent=1)
+        save(args.json, argv, report)
+
+
+def score(m: str, run, target, every, groups, limit) -> dict:
+    """One method's part scored on each group, printed as a table; its entry of the report."""
+    t0 = time.monotonic()
+    scores, info = SCORERS[m](run, target, every, groups, limit)
+    where = (run.method.draft if m == "vanilla_sd" else run.method).checkpoint
+    print(f"\n{m} (checkpoint {where}; {time.monotonic() - t0:.0f} s)")
+    print("| domain | held-out seqs | top-1 by depth | labels in draft vocab |\n|---|---:|---|---:|")
+    for name, r in scores.items():
+        print(f"| {name} | {r['sequences']} | {' '.join(f'{a:.3f}' for a in r['acceptance_by_depth'])} | "
+              f"{r.get('labels_in_draft_vocab', '')} |" + (f" fine-tuned model agrees with the target: "
+              f"{r['finetuned_agrees_with_target']:.3f}" if "finetuned_agrees_with_target" in r else ""), flush=True)
+    return {"checkpoint": where, "info": {k: str(v) for k, v in info.items()}, "domains": scores}
+
+
+def save(path: str, argv: list[str], report: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"argv": argv, "report": report}, f, indent=1)
 
 
 if __name__ == "__main__":

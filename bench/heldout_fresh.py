@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout_domains import SCORERS, interleave  # noqa: E402
+from heldout_domains import SCORERS, interleave, save, score  # noqa: E402
 
 from specbench.config import settings  # noqa: E402
 from specbench.config.compose import compose, validate  # noqa: E402
@@ -126,19 +126,9 @@ def main(argv: list[str]) -> None:
         cfg = compose([f"method={m}", *common, *mine])
         validate(cfg)
         run = settings.of(cfg)
-        t0 = time.monotonic()
-        scores, info = SCORERS[m](run, target, labelled, groups, limit)
-        where = (run.method.draft if m == "vanilla_sd" else run.method).checkpoint
-        report[m] = {"checkpoint": where, "info": {k: str(v) for k, v in info.items()}, "domains": scores}
-        print(f"\n{m} (checkpoint {where}; {time.monotonic() - t0:.0f} s)")
-        print("| domain | seqs | top-1 by depth |\n|---|---:|---|")
-        for name, r in scores.items():
-            print(f"| {name} | {r['sequences']} | {' '.join(f'{a:.3f}' for a in r['acceptance_by_depth'])} |", flush=True)
+        report[m] = score(m, run, target, labelled, groups, limit)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"argv": argv, "report": report}, f, indent=1)
-
+        save(args.json, argv, report)
 
 if __name__ == "__main__":
     try:
