@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import textwrap
 from pathlib import Path
 
@@ -126,6 +127,41 @@ def test_a_worker_killed_by_the_kernel_is_named(tmp_path):
     log.write_text("INFO start\nERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: None)\n"
                    "RuntimeError: Engine core initialization failed. See root cause above.\n")
     assert last_error(log).startswith("RuntimeError: Engine core initialization failed") and "out of memory?" in last_error(log)
+
+
+def test_sigterm_stops_the_worker_in_its_own_session(tmp_path, monkeypatch):
+    """SIGTERM (a scheduler's time limit) takes Ctrl-C's path (core/errors.stop_on_sigterm): run_worker's `finally`
+    kills the worker's session. By default SIGTERM ends this process alone and the worker, started in a session of
+    its own, runs on (holding its GPU memory)."""
+    import os
+    import signal
+    import threading
+
+    from specbench.core.errors import stop_on_sigterm
+    from specbench.vllm_engine import run
+
+    pidfile = tmp_path / "worker.pid"
+    script = tmp_path / "sleeper.py"
+    script.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    monkeypatch.setattr(run, "WORKER", script)
+
+    def term_once_started():
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+        threading.Thread(target=term_once_started, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run.run_worker(Path(sys.executable), {"batch_sizes": [1], "prompts": [[1]], "kv_cache_gib": 1},
+                           tmp_path / "worker.log", 120, lambda rec: None)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(int(pidfile.read_text()), 0)
 
 
 def test_worker_counters_are_differences_per_batch_size():
