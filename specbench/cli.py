@@ -8,7 +8,7 @@ import hydra
 from omegaconf import DictConfig
 
 from specbench.config.compose import CONF_DIR, fail, precheck
-from specbench.core.errors import Interrupted, SpecBenchError, interrupt_exit_code
+from specbench.core.errors import Interrupted, SpecBenchError, interrupted
 from specbench.config.help import main_help, wants_help
 from specbench.config.engines import engine_argv
 
@@ -50,11 +50,6 @@ def main() -> None:
         _main()
     except KeyboardInterrupt:  # while validating, or where Hydra itself was
         interrupted(NOTHING_WRITTEN)
-
-
-def interrupted(message: str) -> None:
-    print(f"specbench: interrupted: {message}", file=sys.stderr)
-    raise SystemExit(interrupt_exit_code())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """User-facing errors: one clear line, no traceback (the CLI catches these)."""
 
 import signal
+import sys
 
 
 class SpecBenchError(Exception):
@@ -49,3 +50,9 @@ def stop_on_sigterm() -> None:
 def interrupt_exit_code() -> int:
     """128 + the signal that stopped the process: 130 for Ctrl-C, 143 for SIGTERM, as a shell reports them."""
     return 128 + int(_STOPPED_BY[0])
+
+
+def interrupted(message: str) -> None:
+    """The one line an entry point stopped by Ctrl-C or SIGTERM prints (what was kept, how to go on), then exits."""
+    print(f"specbench: interrupted: {message}", file=sys.stderr)
+    raise SystemExit(interrupt_exit_code())

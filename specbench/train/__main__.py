@@ -13,7 +13,7 @@ import torch
 
 from specbench.config import settings
 from specbench.config.compose import check_choices, compose, fail, validate
-from specbench.core.errors import SpecBenchError, choice_error, interrupt_exit_code, stop_on_sigterm
+from specbench.core.errors import SpecBenchError, choice_error, interrupted, stop_on_sigterm
 from specbench.config.help import train_help, wants_help
 from specbench.models import load_model
 from specbench.train.session import TRAINERS, train_model
@@ -37,8 +37,7 @@ def main(argv: list[str]) -> None:
         from tqdm import tqdm
         for bar in list(getattr(tqdm, "_instances", ())):  # the open bar ends its line first, not after ours
             bar.close()
-        print(f"specbench: interrupted: {KEPT}", file=sys.stderr)
-        raise SystemExit(interrupt_exit_code()) from None
+        interrupted(KEPT)
 
 
 def train(cfg) -> dict:
