@@ -169,6 +169,9 @@ CASES = [
                                          "profile.enabled=false", "task=jsonl", "task.path={tmp}/p.jsonl"],
          "hostile/pytorch_model.bin): UnpicklingError: torch.load(weights_only=True) refused it", setup=hostile_hf_model,
          before_run=False),
+    Case("device_unknown", TINY + ["model.device=foo"], "model.device='foo' is not usable here (Expected one of cpu, cuda",
+         before_run=False),
+    Case("device_absent", TINY + ["model.device=ve"], "model.device='ve' is not usable here", before_run=False),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),

@@ -39,6 +39,11 @@ def _device(name: str | None) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise SpecBenchError(f"model.device={name!r} but no CUDA device is available; use cpu or auto")
+    try:  # a device torch cannot name or this machine lacks (mps on Linux, cuda:3 on one GPU)
+        torch.empty(0, device=name)
+    except (RuntimeError, AssertionError) as e:
+        why = (str(e).strip() or type(e).__name__).splitlines()[0].split(". ")[0][:240]
+        raise SpecBenchError(f"model.device={name!r} is not usable here ({why}); use cpu, cuda, cuda:N or auto") from None
     return name
 
 
@@ -135,7 +140,7 @@ def _load_error(e: Exception) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     if isinstance(e, pickle.UnpicklingError):  # torch's text advises weights_only=False: the one thing not to do
         found = next((ln for ln in lines if "GLOBAL" in ln.upper()), "it holds objects other than tensors")
-        return (f"UnpicklingError: torch.load(weights_only=True) refused it ({found[:160]}): it could run code when "
+        return (f"UnpicklingError: torch.load(weights_only=True) refused it ({found[:240]}): it could run code when "
                 "loaded; use a safetensors copy from a trusted source")
     return f"{type(e).__name__}: {(lines or [''])[0][:200]}"
 
