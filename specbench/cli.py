@@ -7,7 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from specbench.config.compose import CONF_DIR, fail, precheck
+from specbench.config.compose import CONF_DIR, MULTIRUN_FLAGS, fail, precheck
 from specbench.core.errors import Interrupted, SpecBenchError, interrupted
 from specbench.config.help import main_help, wants_help
 from specbench.config.engines import engine_argv
@@ -19,6 +19,8 @@ def main() -> None:
     if wants_help(sys.argv[1:]):  # ours, not Hydra's generic dump (that one: --hydra-help)
         print(main_help())
         return
+    # Hydra's argparse takes -m only before the overrides; where a user writes it is no matter
+    sys.argv[1:] = [a for a in sys.argv[1:] if a in MULTIRUN_FLAGS] + [a for a in sys.argv[1:] if a not in MULTIRUN_FLAGS]
     try:  # engine=vllm: method=<name> is one of vLLM's (conf/method/vllm), for Hydra too
         sys.argv[1:] = engine_argv(sys.argv[1:])
     except SpecBenchError as e:

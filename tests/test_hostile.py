@@ -197,6 +197,16 @@ CASES = [
     Case("fewshot_negative", TINY + ["task.fewshot_index=-1"], "task.fewshot_index=-1"),
     Case("remove_key", TINY + ["~seed"], "~seed"),
     Case("sweep_bad_point", ["-m"] + TINY + ["control.k=1,0"], "control.k=0"),
+    # what only running a point found (its first points ran and wrote first): now refused before any
+    Case("sweep_point_task_file_missing", ["-m"] + TINY + ["task=jsonl", "task.path={tmp}/p.jsonl,{tmp}/missing.jsonl"],
+         "task.path='{tmp}/missing.jsonl' not found", setup=write("p.jsonl", '{"prompt": "a"}\n')),
+    Case("sweep_point_run_dir_of_another_config", ["-m"] + TINY + ["run_dir={tmp}/new,{tmp}/old"],
+         "run dir {tmp}/old holds results of a different configuration", setup=lambda t: (
+             write("old/config.json", json.dumps({"method": {"name": "suffix"}, "seed": 5}))(t),
+             write("old/samples.jsonl", '{"id": "0"}\n')(t))),
+    Case("run_into_a_lean_copy", TINY + ["run_dir={tmp}/lean"], "run dir {tmp}/lean holds the summary of 3 samples but not",
+         setup=lambda t: (write("lean/config.json", json.dumps({"method": {"name": "pld"}}))(t),
+                          write("lean/summary.json", json.dumps({"samples": 3}))(t))),
     Case("preset_bad_seed", TINY + ["+experiment=repeats", "seed=-1"], "seed=-1"),
     Case("first_use_budget_negative", ["method=eesd", "model=tiny-llama", "train.first_use.train.max_minutes=-1"],
          "train.first_use.train.max_minutes=-1", entry="specbench.train"),
@@ -253,7 +263,7 @@ def test_hostile_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, mo
     before = sorted(tmp_path.rglob("*"))
     monkeypatch.chdir(tmp_path)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
-    if case.entry == "specbench":
+    if case.entry == "specbench" and not any(a.startswith("run_dir=") for a in argv):
         argv.append(f"run_dir={tmp_path / 'run'}")
     code, err = _subprocess(case, argv, tmp_path) if case.subprocess else _in_process(case, argv, capsys, monkeypatch)
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -261,3 +271,17 @@ def test_hostile_input_is_one_line_and_writes_nothing(case, tmp_path, capsys, mo
     assert len(lines) == 1 and lines[0].startswith("specbench: error:"), err[-2000:]
     assert case.expect.replace("{tmp}", str(tmp_path)) in lines[0], lines[0]
     assert sorted(tmp_path.rglob("*")) == before  # no run directory, nothing else written
+
+
+def test_the_multirun_flag_may_follow_the_overrides(tmp_path, monkeypatch):
+    """Hydra's argparse took -m only before the overrides: after them, a valid sweep got argparse's
+    usage dump and 'unrecognized arguments' instead of running."""
+    import specbench.run.runner
+    from specbench.cli import main
+
+    ran = []
+    monkeypatch.setattr(specbench.run.runner, "run", lambda cfg: ran.append(cfg.method.name))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["specbench", *TINY, "-m", "method=pld,suffix", f"run_dir={tmp_path}/r"])
+    main()
+    assert ran == ["pld", "suffix"]

@@ -224,6 +224,64 @@ def test_resume_drops_the_stale_summary(copy, data_dir, monkeypatch):
     check_complete(copy)
 
 
+def test_resume_after_the_task_data_changed_in_place_is_refused(data_dir, tmp_path):
+    """A task file rewritten between a run and its resumption: the finished samples answered other
+    prompts under the same ids; resuming would mix them with the new ones (one summary, both sets)."""
+    import shutil
+
+    data, run_dir = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(data_dir, data)
+    runner.run(make_cfg(run_dir, data, "task.num_samples=2"))
+    test = data / "gsm8k" / "test.jsonl"
+    rows = [json.loads(line) for line in test.read_text().splitlines()]
+    test.write_text("".join(json.dumps({**r, "question": "Another question: " + r["question"]}) + "\n" for r in rows))
+    before = snapshot(run_dir)
+    with pytest.raises(SpecBenchError, match="made from another prompt or reference than the task gives it now"):
+        runner.run(make_cfg(run_dir, data))
+    assert snapshot(run_dir) == before
+    runner.run(make_cfg(run_dir, data, "overwrite=true"))
+    check_complete(run_dir)
+
+
+def test_a_lean_copy_is_not_run_into(copy, data_dir):
+    """A run dir kept as config.json + summary.json (results/leaderboard's cells) has nothing to resume
+    from: a run into it would replace the recorded summary at its first sample."""
+    (copy / "samples.jsonl").unlink()
+    before = snapshot(copy)
+    with pytest.raises(SpecBenchError, match=f"holds the summary of {NUM_SAMPLES} samples but not their samples.jsonl"):
+        runner.run(make_cfg(copy, data_dir))
+    assert snapshot(copy) == before
+    runner.run(make_cfg(copy, data_dir, "overwrite=true"))  # moves it aside
+    check_complete(copy)
+
+
+def test_a_new_configuration_drops_the_old_profile(copy, data_dir):
+    """No samples yet: the new fingerprint replaces the old one, and the old configuration's T(k)
+    profile must go with it, or the finished run reports another model's forward costs."""
+    (copy / "samples.jsonl").write_bytes(b"")
+    (copy / "summary.json").unlink()
+    (copy / "forward_costs.json").write_text(json.dumps({"1": 0.5, "4": 0.7}))
+    (copy / "profile.json").write_text(json.dumps({"spread": 0.1}))
+    runner.run(make_cfg(copy, data_dir, "max_new_tokens=12"))  # profile.enabled=false
+    assert not (copy / "forward_costs.json").exists() and not (copy / "profile.json").exists()
+    again = runner.run(make_cfg(copy, data_dir, "max_new_tokens=12"))  # nothing left to run: reads what is there
+    assert again["meta"]["forward_costs"] is None and "profile" not in again["meta"]
+
+
+def test_the_report_reads_the_samples_its_summary_counts(copy, data_dir):
+    """Resumed with a smaller task.num_samples, the summary counts a subset of samples.jsonl: the
+    report's pairs (its interval, its paired test) are that subset, not every line."""
+    runner.run(make_cfg(copy, data_dir, "task.num_samples=2"))
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["samples"] == 2 and len((copy / "samples.jsonl").read_bytes().splitlines()) == NUM_SAMPLES
+    (run,) = find_runs([copy])
+    assert [s["id"] for s in run.samples()] == [p["id"] for p in summary["per_sample"]]
+    del summary["per_sample"]
+    (copy / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SpecBenchError, match=f"counts 2 of the {NUM_SAMPLES} samples in samples.jsonl and does not say which"):
+        find_runs([copy])
+
+
 # -- the report ---------------------------------------------------------------------------------
 def test_report_refuses_damaged_and_mixed_runs(copy):
     find_runs([copy])  # intact: fine

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -134,3 +135,63 @@ def check_run_dir(path) -> Path:
 
 def io_error(path: Path, e: OSError) -> SpecBenchError:
     return SpecBenchError(f"cannot write run dir {path}: {e.strerror or e}")
+
+
+def _name_stem(name) -> str | None:
+    """A run name without the 8-hex `${fingerprint:}` suffix: that part is derived from the keys
+    compared anyway, so a change of what the fingerprint holds must not refuse a run."""
+    return re.sub(r"-[0-9a-f]{8}$", "", name) if isinstance(name, str) else name
+
+
+def refuse_other_config(path: Path, old: dict, fp: dict, ignored: set) -> None:
+    if _name_stem(old.get("run_name")) == _name_stem(fp.get("run_name")):
+        ignored = ignored | {"run_name"}
+    diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k not in ignored)
+    if diff:
+        raise SpecBenchError(
+            f"run dir {path} holds results of a different configuration (differs in: {', '.join(diff)}); "
+            "choose another run_name or pass overwrite=true"
+        )
+
+
+def lean_summary(path: Path) -> int | None:
+    """The samples a run dir's summary.json counts when the dir has no samples.jsonl to resume from
+    (a copy kept as config + summary, as results/leaderboard keeps its cells), else None. Running into
+    such a dir would replace those results by new ones: refused unless overwrite=true moves them aside."""
+    samples = path / "samples.jsonl"
+    if samples.exists() and samples.stat().st_size > 0:
+        return None
+    try:
+        n = json.loads((path / "summary.json").read_text()).get("samples")
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def refuse_lean(path: Path) -> None:
+    if (n := lean_summary(path)) is not None:
+        raise SpecBenchError(
+            f"run dir {path} holds the summary of {n} samples but not their samples.jsonl (a copy kept as config + "
+            "summary), so a run cannot resume from it and would replace it; pass overwrite=true (moves it aside, "
+            "deletes nothing) or choose another run_name")
+
+
+def check_resumable(path, cfg: DictConfig, overwrite: bool) -> None:
+    """Refuse, before the model is loaded or the method built (REST's datastore, a first-use
+    training), and for every point of a sweep before the first runs, a run dir whose results come
+    from another configuration or cannot be resumed. Only the keys that need no provenance are
+    compared here; `train` and the artifacts' hashes are judged when RunDir opens the dir, after
+    the method is built."""
+    path = Path(str(path)).expanduser()
+    if overwrite or not path.is_dir():
+        return
+    refuse_lean(path)
+    samples = path / "samples.jsonl"
+    if not samples.exists() or samples.stat().st_size == 0:
+        return
+    try:
+        old = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return  # missing or damaged: RunDir says so in its own words
+    if isinstance(old, dict):
+        refuse_other_config(path, old, fingerprint(cfg), {"provenance", "train"})

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench.config import bounds, modelinfo, schema, settings
 from specbench.config.engines import engine_rules
-from specbench.config.identity import check_run_dir
+from specbench.config.identity import check_resumable, check_run_dir
 from specbench.core.errors import SpecBenchError, bad_value, one_line, show_value
 
 NEAR = 0.75  # an unknown key's nearest known one is suggested from this similarity of their last names
@@ -135,8 +135,22 @@ def rules(cfg) -> None:
     if _get(cfg, "method.draft.source") == "hf":
         _hf_path(cfg, "method.draft.id")
     engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)
+    if _present(_get(cfg, "task.path")) or _get(cfg, "task.name") == "jsonl":
+        _task_file(cfg)
     if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
-        check_run_dir(run_dir)  # a non-run directory is refused for every sweep point before the first starts
+        # for every sweep point before the first starts: a directory that is not a run, or one whose
+        # results are another configuration's or cannot be resumed
+        check_run_dir(run_dir)
+        check_resumable(run_dir, cfg, _get(cfg, "overwrite") is True)
+
+
+def _task_file(cfg) -> None:
+    """task.path names a file that exists (as the task will look for it: also under the data dir)."""
+    from specbench.tasks import build_task  # the tasks import no model code
+
+    task = build_task(settings.group("task", cfg.task))
+    if hasattr(task, "path"):
+        task.path()
 
 
 def _hf_path(cfg, key: str) -> None:

@@ -226,10 +226,11 @@ def find_runs(dirs, allow_empty: bool = False) -> list[Run]:
                 continue
             if summary.get("engine") == "vllm":  # per batch size, not per sample: specbench.vllm_engine.report
                 continue
-            config, _ = read_finished(rd, summary)  # refuses a run in progress, damaged or mixed
+            # refuses a run in progress, damaged or mixed; the records are those its summary counts
+            config, records = read_finished(rd, summary)
             config = copy.deepcopy(config)
             drop_unread_training_keys(config)  # as the run's identity: keys the method cannot read
-            runs.append(Run(rd, summary, _flatten(config)))
+            runs.append(Run(rd, summary, _flatten(config), [_sample(r) for r in records]))
     if not runs and not allow_empty:
         raise SpecBenchError("no run dirs (holding summary.json) under " + ", ".join(str(d) for d in dirs))
     label_models(runs)

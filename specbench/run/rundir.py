@@ -35,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.config.identity import LOCK, check_run_dir, fingerprint, io_error
+from specbench.config.identity import LOCK, check_run_dir, fingerprint, io_error, refuse_lean, refuse_other_config
 from specbench.core.errors import Interrupted, SpecBenchError
 from specbench.run.provenance import describe_change
 
@@ -62,38 +62,21 @@ def moved_aside(path) -> bool:
     return MOVED_ASIDE.fullmatch(Path(path).name) is not None
 
 
-def _name_stem(name) -> str | None:
-    """A run name without the 8-hex `${fingerprint:}` suffix: that part is derived from the keys
-    compared anyway, so a change of what the fingerprint holds (as above) must not refuse a run."""
-    return re.sub(r"-[0-9a-f]{8}$", "", name) if isinstance(name, str) else name
-
-
-def _refuse_other_config(path: Path, old: dict, fp: dict, ignored: set) -> None:
-    if _name_stem(old.get("run_name")) == _name_stem(fp.get("run_name")):
-        ignored = ignored | {"run_name"}
-    diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k) and k not in ignored)
-    if diff:
-        raise SpecBenchError(
-            f"run dir {path} holds results of a different configuration (differs in: {', '.join(diff)}); "
-            "choose another run_name or pass overwrite=true"
-        )
-
-
-def check_resumable(path, cfg: DictConfig, overwrite: bool) -> None:
-    """Refuse, before the model is loaded or the method built (REST's datastore, a first-use
-    training), a run dir whose samples come from another configuration. Only the keys that need
-    no provenance are compared here; `train` and the artifacts' hashes are judged when RunDir
-    opens the dir, after the method is built."""
-    path = Path(path)
-    samples = path / "samples.jsonl"
-    if overwrite or not samples.exists() or samples.stat().st_size == 0:
+def check_same_samples(path, samples, overwrite: bool) -> None:
+    """Refuse, before the model is loaded, a resumption whose task data changed in place (a JSONL file
+    rewritten, another data dir): a finished sample recorded from another prompt or reference under
+    the same id would be mixed with the new ones. Records written before `sample_digest` pass."""
+    p = Path(str(path)).expanduser() / "samples.jsonl"
+    if overwrite or not p.is_file():
         return
-    try:
-        old = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return  # missing or damaged: RunDir says so in its own words
-    if isinstance(old, dict):
-        _refuse_other_config(path, old, fingerprint(cfg), {"provenance", "train"})
+    now = {s.id: s.digest() for s in samples}
+    for line in p.read_bytes().splitlines():
+        rec = _record(line) or {}  # damaged lines: RunDir.done says so
+        was = rec.get("sample_digest")
+        if was is not None and rec["id"] in now and now[rec["id"]] != was:
+            raise SpecBenchError(
+                f"run dir {p.parent} holds sample {rec['id']!r} made from another prompt or reference than the task "
+                "gives it now (its data changed since); choose another run_name or pass overwrite=true")
 
 
 def read_config(path: Path, missing: str, damaged_suffix: str = "") -> dict:
@@ -150,8 +133,10 @@ class RunDir:
             if overwrite and self._has_results():
                 self._move_aside()
             else:
+                refuse_lean(self.path)
                 self._check_same_config(fp)
                 self.done()  # damaged sample lines are refused before anything runs
+                self._drop_derived()
             (self.path / "config.json").write_text(json.dumps(fp, indent=2, sort_keys=True))
             (self.path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         except OSError as e:
@@ -197,12 +182,20 @@ class RunDir:
         old = read_config(self.path, f"run dir {self.path} holds samples but no config.json, so they cannot be checked against "
                                      f"this configuration; {RECOVER}",
                           f"so the samples beside it cannot be checked; {RECOVER}")
-        _refuse_other_config(self.path, old, fp, {"provenance"} | ({"train"} if _same_training(old, fp) else set()))
+        refuse_other_config(self.path, old, fp, {"provenance"} | ({"train"} if _same_training(old, fp) else set()))
         if "provenance" in fp and (change := describe_change(old.get("provenance"), fp["provenance"])):
             raise SpecBenchError(
                 f"run dir {self.path} holds results made with other weights or inputs: {change}; "
                 "choose another run_name or pass overwrite=true"
             )
+
+    def _drop_derived(self) -> None:
+        """No samples yet: this run's fingerprint replaces any other, so what an earlier configuration
+        derived here (its T(k) profile, a summary) goes too, or a later resumption would report it."""
+        if self.samples_path.exists() and self.samples_path.stat().st_size > 0:
+            return
+        for name in ("forward_costs.json", "profile.json", "summary.json"):
+            (self.path / name).unlink(missing_ok=True)
 
     def _move_aside(self) -> None:
         """Every entry but the lock moves to a sibling `<run>.old-<timestamp>` (nothing deleted)."""
@@ -326,6 +319,13 @@ def read_finished(path: Path, summary: dict) -> tuple[dict, list[dict]]:
     n = summary.get("samples")
     if not isinstance(n, int) or n > len(records) or (lean and n != len(records)):
         raise SpecBenchError(f"{path}/summary.json counts {n!r} samples but {'per_sample' if lean else 'samples.jsonl'} holds {len(records)}: refusing a mixed or damaged run")
+    if n < len(records):  # resumed with a smaller task.num_samples: the summary counts a subset, per_sample says which
+        by_id = {r["id"]: r for r in records}
+        ids = [p.get("id") for p in summary.get("per_sample") or [] if isinstance(p, dict)]
+        if len(ids) != n or any(i not in by_id for i in ids):
+            raise SpecBenchError(f"{path}/summary.json counts {n} of the {len(records)} samples in samples.jsonl and does not "
+                                 "say which: refusing a mixed or damaged run")
+        records = [by_id[i] for i in ids]
     meta = summary.get("meta") or {}
     for key in ("method", "model", "task"):
         if key in meta and meta[key] != (config.get(key) or {}).get("name"):

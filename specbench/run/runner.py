@@ -37,8 +37,8 @@ from specbench.kernels.backends import check_backend
 from specbench.models.graphs import precapture
 from specbench.run.profiling import profile_forward
 from specbench.run.provenance import run_provenance
-from specbench.config.identity import check_run_dir
-from specbench.run.rundir import RunDir, check_resumable
+from specbench.config.identity import check_resumable, check_run_dir
+from specbench.run.rundir import RunDir, check_same_samples
 from specbench.run.summary import _fmt, aggregate, print_summary
 from specbench.tasks import build_task
 from specbench.tasks.base import Sample
@@ -171,7 +171,7 @@ def run_sample(index: int, sample: Sample, ar: Method, method: Method, task, tok
         rec["quality"] = task.score(sample, replies)
         results[key] = rec
     a, m = results["ar"], results["method"]
-    rec = {"id": sample.id, "index": index, "category": sample.category, "ar": a, "method": m}
+    rec = {"id": sample.id, "index": index, "category": sample.category, "sample_digest": sample.digest(), "ar": a, "method": m}
     if "base" in results:
         rec["base"] = {k: results["base"][k] for k in ("new_tokens", "wall", "tokens_per_s", "quality", "text")}
         # how far the original weights' output follows the fine-tuned AR's (the behaviour the fine-tuning changed)
@@ -199,6 +199,7 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
         torch.set_num_threads(int(rs.threads))
     task = build_task(rs.task)
     samples = task.load()
+    check_same_samples(rs.run_dir, samples, bool(rs.overwrite))  # the task's data, against the finished samples'
     target = target or load_model(rs.model)
     size_static_caches(target, samples, int(rs.max_new_tokens))  # execution=graphs: before any cache exists
     ensure_trained(rs, target)  # a missing trained part of a small model: train it once, now

@@ -12,6 +12,7 @@ other data than the user put there.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -43,6 +44,13 @@ class Sample:
             msgs += [{"role": "user", "content": self.turns[i]}, {"role": "assistant", "content": reply}]
         msgs.append({"role": "user", "content": self.turns[len(replies)]})
         return msgs
+
+    def digest(self) -> str:
+        """16 hex digits of what the sample is: every turn with its system prompt and exemplars, its
+        reference and category. Each finished sample's record keeps it, so a resumption after the
+        task's data changed in place is refused instead of mixing old answers with new prompts."""
+        what = [self.messages([""] * (len(self.turns) - 1)), self.reference, self.category]
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class Task:
