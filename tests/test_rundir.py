@@ -352,3 +352,47 @@ def test_max_new_tokens_is_capped_at_the_context_and_long_prompts_refused():
     assert runner.check_context([short], target, 16) == 16
     with pytest.raises(SpecBenchError, match=f"'long'.*context {ctx}"):
         runner.check_context([short, Sample(id="long", turns=["x" * (ctx + 10)])], target, 16)
+
+
+def test_a_long_first_reply_leaves_the_later_turns_their_room():
+    """A two-turn sample with max_new_tokens as large as the context: turn 1 took the whole context and
+    turn 2 was refused mid-run, every time the run was resumed. A reply may not take what the later
+    turns' text needs (one token of reply each included)."""
+    from types import SimpleNamespace
+
+    from specbench.methods.base import Generation
+
+    class Tok:  # one token a character; the chat template adds 2 a message
+        eos_ids = []
+
+        def encode_chat(self, messages):
+            return [0] * sum(len(m["content"]) + 2 for m in messages)
+
+        def decode(self, tokens):
+            return "x" * len(tokens)
+
+    limits = []
+
+    def generate(prompt, limit, eos, seed):
+        limits.append(limit)
+        return Generation(tokens=[1] * limit)
+
+    method = SimpleNamespace(target=SimpleNamespace(context_length=100), generate=generate)
+    sample = Sample(id="s", turns=["a" * 10, "b" * 20])
+    gens, replies = runner.run_generation(method, sample, Tok(), 1000, 0)
+    assert len(gens) == 2 and limits[0] == 100 - 12 - (2 + 22 + 1)  # room for the empty reply's template, turn 2 and its token
+    assert len(Tok().encode_chat(sample.messages(replies[:1]))) + limits[1] <= 100
+
+
+def test_a_prompt_beyond_the_context_is_refused_before_first_use_training(tmp_path, data_dir, monkeypatch):
+    """It was refused only after a missing trained part had been trained (minutes, files in the cache)."""
+    p = tmp_path / "long.jsonl"
+    p.write_text(json.dumps({"prompt": "a" * 5000}) + "\n")
+
+    def no_training(*a, **k):
+        raise AssertionError("first-use training ran before the prompt was checked")
+
+    monkeypatch.setattr(runner, "ensure_trained", no_training)
+    with pytest.raises(SpecBenchError, match="the prompt has .* tokens, the model's context"):
+        runner.run(make_cfg(tmp_path / "run", data_dir, "method=medusa", "task=jsonl", f"task.path={p}", "task.num_samples=1"))
+    assert not (tmp_path / "run").exists()

@@ -173,7 +173,8 @@ _FIELDS = {"path": PATH, "prompt_field": STR(), "id_field": STR(null=True), "cat
            "reference_field": STR(null=True)}
 TASKS = {
     "gsm8k": _TASK | {"fewshot_index": INT(0, null=True)},
-    "humaneval": _TASK | {"timeout_s": POS(), "memory_mb": INT(1), "allow_unisolated": BOOL()},
+    # bounds the sandbox's rlimits can hold (a day of CPU per test, 16 TiB of address space): beyond, setrlimit failed in the child
+    "humaneval": _TASK | {"timeout_s": NUM(0, 86400, lo_open=True), "memory_mb": INT(1, 1 << 24), "allow_unisolated": BOOL()},
     "jsonl": _TASK | _FIELDS,
     "mt_bench": _TASK | {"categories": LIST(STR(), null=True)},
     "spec_bench": _TASK | _FIELDS | {"url": STR(), "group_mt_bench": BOOL(), "categories": LIST(STR(), null=True)},

@@ -113,11 +113,15 @@ def run_generation(method: Method, sample: Sample, tokenizer, max_new: int, seed
     replies: list[str] = []
     gens: list[Generation] = []
     ctx = method.target.context_length
+    # what the later turns add (their user text and template, one token of reply each): a reply may not
+    # take the room they need, or a long first answer leaves the second turn no context at all
+    skeleton = [len(tokenizer.encode_chat(sample.messages([""] * t))) for t in range(len(sample.turns))] if ctx is not None else []
     for turn in range(len(sample.turns)):
         prompt = tokenizer.encode_chat(sample.messages(replies))
         if ctx is not None and len(prompt) >= ctx:
             raise SpecBenchError(f"sample {sample.id!r} turn {turn + 1}: the conversation has {len(prompt)} tokens, the model's context {ctx}")
-        limit = min(max_new, ctx - len(prompt)) if ctx is not None else max_new
+        later = skeleton[-1] - skeleton[turn] + (len(sample.turns) - 1 - turn) if ctx is not None else 0
+        limit = max(1, min(max_new, ctx - len(prompt) - later)) if ctx is not None else max_new
         g = method.generate(prompt, limit, tokenizer.eos_ids, seed + turn)
         g.extra["prompt_len"] = len(prompt)
         gens.append(g)
@@ -201,6 +205,8 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     samples = task.load()
     check_same_samples(rs.run_dir, samples, bool(rs.overwrite))  # the task's data, against the finished samples'
     target = target or load_model(rs.model)
+    # a prompt beyond the context is refused before a first-use training writes to the cache
+    max_new = check_context(samples, target, int(rs.max_new_tokens))
     size_static_caches(target, samples, int(rs.max_new_tokens))  # execution=graphs: before any cache exists
     ensure_trained(rs, target)  # a missing trained part of a small model: train it once, now
     sampling = SamplingConfig.from_cfg(rs.sampling)
@@ -209,7 +215,6 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     # SPACE changes the weights: its lossless reference is AR on the fine-tuned model
     ar_target = method.finetuned_adapter or target
     ar = build_method("ar", ar_target, settings.shipped("method", "ar"), sampling, values)
-    max_new = check_context(samples, target, int(rs.max_new_tokens))
     # the built method's own widths (a tree from a file, a template cut) within the loaded model's context
     check_widths(method.verify_widths(), rs.method.name, target.context_length,
                  int(rs.profile.context) if rs.profile.enabled else None)

@@ -199,7 +199,10 @@ def filter_categories(samples: list, wanted, task: str) -> list:
     if not wanted:
         return samples
     wanted = [wanted] if isinstance(wanted, str) else list(wanted)
-    known = sorted({s.category for s in samples})
+    if all(s.category is None for s in samples):
+        raise SpecBenchError(f"task.categories={wanted} needs samples with categories; the {task} samples have none "
+                             "(task.category_field names the field that holds them)")
+    known = sorted({s.category for s in samples if s.category is not None})
     bad = [c for c in wanted if c not in known]
     if bad:
         raise SpecBenchError(f"unknown {task} categories {bad}; allowed: {', '.join(known)}")

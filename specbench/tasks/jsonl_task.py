@@ -30,6 +30,14 @@ def _label(rec: dict, field: str, where: str) -> str:
     return str(v)
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @register_task
 class JsonlTask(Task):
     name = "jsonl"
@@ -82,6 +90,9 @@ class JsonlTask(Task):
                     )
                 if any(not t.strip() for t in turns):  # nothing to answer: the model would decode from its template alone
                     raise SpecBenchError(f"{where}: field {field!r} holds an empty prompt; give every turn some text")
+                if bad := next((t for t in turns if not _encodable(t)), None):  # a lone surrogate: "\ud800" is valid JSON
+                    raise SpecBenchError(f"{where}: field {field!r} holds text that is not Unicode (a lone surrogate "
+                                         f"escape, e.g. \\ud800, in {bad[:40]!r}); give valid text")
                 samples.append(
                     Sample(
                         id=_label(rec, id_field, where) if id_field else str(i),

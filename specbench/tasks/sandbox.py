@@ -120,10 +120,10 @@ def _limits(memory_mb: int, cpu_s: int):
 
 
 def check_limits(timeout_s, memory_mb) -> None:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise SpecBenchError(f"sandbox timeout_s={timeout_s!r} is not allowed; expected a number > 0")
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1:
-        raise SpecBenchError(f"sandbox memory_mb={memory_mb!r} is not allowed; expected an integer >= 1")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 86400:
+        raise SpecBenchError(f"sandbox timeout_s={timeout_s!r} is not allowed; expected a number > 0 and <= 86400")
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or not 1 <= memory_mb <= 1 << 24:
+        raise SpecBenchError(f"sandbox memory_mb={memory_mb!r} is not allowed; expected an integer from 1 to {1 << 24}")
 
 
 def run_python(code: str, timeout_s: float = 10, memory_mb: int = 1024, isolate: bool | None = None) -> SandboxResult:
