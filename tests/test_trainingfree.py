@@ -230,3 +230,12 @@ def test_bad_setting_on_the_command_line(tmp_path, data_dir):
                  f"run_dir={tmp_path}/run"], data_dir)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == ["specbench: error: method.ngram=2 is not allowed; expected an integer >= 3"]
     assert not (tmp_path / "run").exists()
+
+
+def test_token_recycling_takes_explicit_paths_on_the_command_line(tmp_path, data_dir):
+    """conf/method/token_recycling.yaml documents `method.tree=[[0],[1],[0,0],...]` and template_tree
+    builds it, but the schema took only a template name (refused as 'a non-empty string')."""
+    r = run_cli(["method=token_recycling", "method.tree=[[0],[1],[0,0]]", "model=tiny-llama", "task.num_samples=1",
+                 "max_new_tokens=8", "profile.enabled=false", "progress=false", "threads=1", f"run_dir={tmp_path}/run"], data_dir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "identical to AR: 1/1" in r.stdout, r.stdout[-2000:]

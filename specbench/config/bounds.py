@@ -99,6 +99,13 @@ def _paths(v) -> list | None:
     return None
 
 
+def _well_formed(v: list) -> bool:
+    """Paths each non-empty, of integer ranks >= 0, none twice (an empty path or a rank -1 reached the
+    tree builders as an IndexError; a repeated path is a node drafted twice)."""
+    ok = v and all(isinstance(p, list) and p and all(_int(r) and r >= 0 for r in p) for p in v)
+    return bool(ok) and len({tuple(p) for p in v}) == len(v)
+
+
 def dense_nodes(sizes: list[int]) -> int:
     """Nodes of a dense tree (TokenTree.cartesian), root not counted."""
     n, level = 0, 1
@@ -163,7 +170,11 @@ def _memory(key: str, v, params: int, what: str, lim: Limits) -> None:
 
 def _tree(m, key: str, lim: Limits, vocab: bool = True) -> int | None:
     """An explicit tree's width (nodes + root), its ranks within the vocabulary."""
-    paths = _paths(m(key))
+    value = m(key)
+    if isinstance(value, list) and not _well_formed(value):
+        raise bad_value(f"method.{key}", value if len(value) <= 8 else f"<{len(value)} paths>",
+                        "a list of distinct non-empty paths of ranks >= 0 (e.g. [[0], [1], [0, 0]]), a name or a file")
+    paths = _paths(value)
     if paths is None:
         return None
     if vocab and paths and (r := max(max(p) for p in paths)) >= lim.shape.vocab:
@@ -232,6 +243,8 @@ def _token_recycling(m, lim: Limits) -> list[int]:
         _vocab("method.topk", k, lim)
         _memory("method.topk", k, lim.shape.vocab * k * BYTES_PER_ID // lim.width_bytes,
                 f"the adjacency matrix ({lim.shape.vocab} tokens x {k} successors)", lim)
+    if (tree := m("tree")) is not None and not isinstance(tree, (str, list)):
+        raise bad_value("method.tree", tree, "a template name or a list of paths (e.g. [[0], [1], [0, 0]])")
     return [w] if (w := _tree(m, "tree", lim, vocab=False)) is not None else []
 
 

@@ -114,7 +114,7 @@ def _unknown_key(key: str, overrides: list[str]) -> str:
     try:
         validate(_compose(plus))
     except SpecBenchError as e:
-        if repr(key) in str(e):
+        if repr(key) in str(e) or repr(key.split(".")[0]) in str(e):  # contrl.k: the unknown part is 'contrl'
             return str(e)
     except Exception:  # noqa: BLE001 - the '+' form fails for another reason: Hydra's own words are no better
         pass

@@ -63,7 +63,8 @@ def _walk(cfg, path: str, table: dict, where: str, rel: str = "") -> None:
         elif any(t.startswith(key + ".") for t in table):
             raise _bad(full, _get(cfg, full), "a mapping of " + ", ".join(sorted(t for t in table if t.startswith(key + "."))))
         else:
-            siblings = sorted({t[len(rel):].split(".")[0] for t in table if t.startswith(rel) and not table[t].optional})
+            siblings = {t[len(rel):].split(".")[0] for t in table if t.startswith(rel) and not table[t].optional}
+            siblings = sorted(siblings | (set(schema.GROUP_KEYS) if not path else set()))  # the groups are keys too
             raise SpecBenchError(f"unknown key {full!r}{where}{_nearest(cfg, full)}; allowed: {', '.join(siblings)}")
 
 
@@ -92,6 +93,11 @@ def validate(cfg: DictConfig) -> None:
     _walk(cfg, "", schema.TOP, "")
     rules(cfg)
     resources(cfg)
+    if (run_dir := _get(cfg, "run_dir")) is not ABSENT:  # the values first, then where they would be written:
+        # for every sweep point before the first starts, a directory that is not a run, or one whose
+        # results are another configuration's or cannot be resumed
+        check_run_dir(run_dir)
+        check_resumable(run_dir, cfg, _get(cfg, "overwrite") is True)
 
 
 def _group(cfg, group: str) -> None:
@@ -112,8 +118,16 @@ def _present(*values) -> bool:
     return all(v is not ABSENT and v is not None for v in values)
 
 
+# below it, logits / temperature overflow float32 to inf and sampling fails (vLLM treats such values as greedy)
+MIN_TEMPERATURE = 1e-5
+
+
 def rules(cfg) -> None:
     """What one key allows given another (each key's own type and range are already checked)."""
+    for key in ("sampling.temperature", "train.data.temperature"):
+        if isinstance(t := _get(cfg, key), (int, float)) and 0 < t < MIN_TEMPERATURE:
+            least = f"a number >= {MIN_TEMPERATURE}"
+            raise _bad(key, t, f"{'0 (greedy) or ' if key.startswith('sampling') else ''}{least} (below, logits / temperature overflow float32)")
     lo, hi = _get(cfg, "method.min_ngram"), _get(cfg, "method.max_ngram")
     if _get(cfg, "method.name") == "pld" and _present(lo, hi) and hi < lo:
         raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
@@ -133,15 +147,12 @@ def rules(cfg) -> None:
     if _get(cfg, "model.loader") == "hf":
         _hf_path(cfg, "model.id")
     if _get(cfg, "method.draft.source") == "hf":
+        if _get(cfg, "method.draft.id") in (ABSENT, None, ""):
+            raise SpecBenchError("method.draft.source=hf needs method.draft.id=<hub id or local path of the draft model>")
         _hf_path(cfg, "method.draft.id")
     engine_rules(lambda key: None if (v := _get(cfg, key)) is ABSENT else v)
-    if _present(_get(cfg, "task.path")) or _get(cfg, "task.name") == "jsonl":
+    if _present(_get(cfg, "task.path")):  # (none given: task=jsonl says so when it loads)
         _task_file(cfg)
-    if (run_dir := _get(cfg, "run_dir")) is not ABSENT:
-        # for every sweep point before the first starts: a directory that is not a run, or one whose
-        # results are another configuration's or cannot be resumed
-        check_run_dir(run_dir)
-        check_resumable(run_dir, cfg, _get(cfg, "overwrite") is True)
 
 
 def _task_file(cfg) -> None:
@@ -188,8 +199,8 @@ def resources(cfg) -> None:
     n_layers, draft_layers = _get(cfg, "method.n_layers"), _get(cfg, "method.draft.num_layers")
     if _get(cfg, "method.name") == "eesd" and _present(n_layers) and n_layers >= shape.layers:
         raise _bad("method.n_layers", n_layers, f"an integer from 1 to {shape.layers - 1} ({of} has {shape.layers} layers)")
-    if isinstance(draft_layers, int) and draft_layers > shape.layers:
-        raise _bad("method.draft.num_layers", draft_layers, f"an integer from 1 to {shape.layers} or 'auto' ({of} has {shape.layers} layers)")
+    if isinstance(draft_layers, int) and draft_layers >= shape.layers:  # all of them would be the target itself
+        raise _bad("method.draft.num_layers", draft_layers, f"an integer from 1 to {shape.layers - 1} or 'auto' ({of} has {shape.layers} layers)")
     for key in ("method.skip.attn", "method.skip.mlp"):
         if isinstance(v := _get(cfg, key), list) and any(i >= shape.layers for i in v):
             raise _bad(key, v, f"layer indices from 0 to {shape.layers - 1} ({of} has {shape.layers} layers)")
@@ -209,6 +220,25 @@ def resources(cfg) -> None:
         free = modelinfo.available_bytes() if _on_cpu(cfg) else None
         lim = bounds.Limits(shape, _get(cfg, "profile.context") if profiled else None, free, _width(cfg))
         bounds.check(lambda key: None if (v := _get(cfg, key)) is ABSENT else v, lim)
+        if _get(cfg, "method.name") == "samd" and (aux := _get(cfg, "method.aux")) in schema.METHODS:
+            _aux_bounds(cfg, aux, lim)
+
+
+def _aux_bounds(cfg, aux: str, lim) -> None:
+    """SAM-Decoding's auxiliary drafter within the same bounds as when it runs alone (its shipped
+    settings with `aux_settings` over them): a top-k beyond the vocabulary failed inside the run."""
+    over = _get(cfg, "method.aux_settings")
+    node = OmegaConf.merge(OmegaConf.load(settings.CONF_DIR / "method" / f"{aux}.yaml"), {} if over in (ABSENT, None) else over)
+
+    def get(key: str):
+        if key == "method.name":
+            return aux
+        v = OmegaConf.select(node, key.removeprefix("method."), default=None) if key.startswith("method.") else None
+        return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
+    try:
+        bounds.check(get, lim)
+    except SpecBenchError as e:
+        raise SpecBenchError(f"{e} (method.aux_settings of the auxiliary method.aux={aux})") from None
 
 
 def _on_cpu(cfg) -> bool:
