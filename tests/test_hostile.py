@@ -200,6 +200,13 @@ CASES = [
          "method.draft.num_layers=4 is not allowed; expected an integer from 1 to 3"),
     Case("misspelt_group_in_a_dotted_key", TINY + ["contrl.k=3"], "unknown key 'contrl' (did you mean 'control'?)"),
     Case("misspelt_group_lists_the_groups", TINY + ["methd=pld"], "allowed: control, engine, max_new_tokens"),
+    Case("jsonl_gzip", JSONL, "p.jsonl' is gzip-compressed; decompress it", setup=write("p.jsonl", __import__("gzip").compress(b'{"prompt": "a"}\n')),
+         before_run=False),
+    Case("jsonl_null_record", JSONL, "p.jsonl:1 is a JSON null; expected an object", setup=write("p.jsonl", "null\n"), before_run=False),
+    Case("jsonl_reference_null", JSONL + ["task.reference_field=ref"], "p.jsonl:1: field 'ref' is null; expected a string or a list of 1 string",
+         setup=write("p.jsonl", '{"prompt": "a", "ref": null}\n'), before_run=False),
+    Case("jsonl_reference_short_of_the_turns", JSONL + ["task.reference_field=ref"], "p.jsonl:1: field 'ref' is [\"x\"]; expected a string or a list of 2 strings",
+         setup=write("p.jsonl", '{"prompt": ["a", "b"], "ref": ["x"]}\n'), before_run=False),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),
@@ -313,3 +320,13 @@ def test_the_multirun_flag_may_follow_the_overrides(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["specbench", *TINY, "-m", "method=pld,suffix", f"run_dir={tmp_path}/r"])
     main()
     assert ran == ["pld", "suffix"]
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_is_read(tmp_path):
+    """Editors on Windows write one; it was refused as 'Unexpected UTF-8 BOM (decode using utf-8-sig)'."""
+    from specbench.config import settings
+    from specbench.tasks import build_task
+
+    (tmp_path / "p.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "hi"}\n')
+    (sample,) = build_task(settings.shipped("task", "jsonl", {"path": str(tmp_path / "p.jsonl")})).load_all()
+    assert sample.turns == ["hi"]

@@ -30,6 +30,20 @@ def _label(rec: dict, field: str, where: str) -> str:
     return str(v)
 
 
+def _reference(rec: dict, field: str, n_turns: int, where: str):
+    """A string (scores the last reply) or one string per turn. null or [] left the sample unscored
+    without a word (the quality figure then averaged over fewer samples), an object was scored against
+    its Python repr, a shorter list dropped the last turns from the score."""
+    v = rec[field]
+    if isinstance(v, str) or (isinstance(v, list) and len(v) == n_turns and all(isinstance(r, str) for r in v)):
+        return v
+    raise SpecBenchError(f"{where}: field {field!r} is {json.dumps(v)[:80]}; expected a string or a list of "
+                         f"{n_turns} string{'s' if n_turns > 1 else ''} (one a turn)")
+
+
+JSON_TYPES = {type(None): "null", str: "string", int: "number", float: "number", list: "array", bool: "boolean"}
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -69,7 +83,9 @@ class JsonlTask(Task):
         samples = []
         with open(path, "rb") as f:
             for i, raw in enumerate(f):
-                line = utf8_line(raw, path, i + 1)
+                if i == 0 and raw.startswith(b"\x1f\x8b"):
+                    raise SpecBenchError(f"task.path={str(path)!r} is gzip-compressed; decompress it (gunzip) first")
+                line = utf8_line(raw.removeprefix(b"\xef\xbb\xbf") if i == 0 else raw, path, i + 1)  # a BOM is no text
                 if not line.strip():
                     continue
                 where = f"{path}:{i + 1}"
@@ -78,7 +94,7 @@ class JsonlTask(Task):
                 except json.JSONDecodeError as e:
                     raise SpecBenchError(f"{where} is not valid JSON ({e.msg})") from None
                 if not isinstance(rec, dict):
-                    raise SpecBenchError(f"{where} is a JSON {type(rec).__name__}; expected an object")
+                    raise SpecBenchError(f"{where} is a JSON {JSON_TYPES.get(type(rec), type(rec).__name__)}; expected an object")
                 for key in (field, id_field, cat_field, ref_field):
                     if key and key not in rec:
                         raise SpecBenchError(f"{where} has no field {key!r}; fields: {', '.join(rec)}")
@@ -98,7 +114,7 @@ class JsonlTask(Task):
                         id=_label(rec, id_field, where) if id_field else str(i),
                         turns=turns,
                         system=self.cfg.system,
-                        reference=rec[ref_field] if ref_field else None,
+                        reference=_reference(rec, ref_field, len(turns), where) if ref_field else None,
                         category=_label(rec, cat_field, where) if cat_field else None,
                     )
                 )
