@@ -474,3 +474,9 @@ def test_untrusted_text_is_never_compiled_in_the_parent(isolated, monkeypatch):
     s = Sample(id="T/1", turns=["x"], reference=ADD)
     assert HumanEval(task_settings("humaneval")).score(s, [deep]) == {"pass@1": 0.0}  # too deep for the compiler: fails, harness intact
     assert not any("+ 0 + 0" in str(c) for c in compiled)
+
+
+def test_limits_too_low_for_the_self_test_are_named(isolated):
+    """task.memory_mb=1 failed the sandbox's self-test with a line that blamed the machine, not the value."""
+    with pytest.raises(SpecBenchError, match=r"does not work here with task.timeout_s=10.*task.memory_mb=1:.*raise them"):
+        HumanEval(task_settings("humaneval", memory_mb=1, timeout_s=10)).check_sandbox()

@@ -102,8 +102,10 @@ class HumanEval(Task):
         if [r.passed for r in results] != [True, False]:
             r = results[0]
             tail = r.output.strip().splitlines()[-1] if r.output.strip() else "no output"
-            raise SpecBenchError(f"the HumanEval sandbox does not work here: a known problem answered right scored "
-                                 f"{r.status}, answered wrong {results[1].status} ({tail[:200]})")
+            limits = f"task.timeout_s={self.cfg.timeout_s}, task.memory_mb={self.cfg.memory_mb}"
+            raise SpecBenchError(f"the HumanEval sandbox does not work here with {limits}: a known problem answered right "
+                                 f"scored {r.status}, answered wrong {results[1].status} ({tail[:200]}); if you set "
+                                 "those limits lower than shipped, raise them")
 
     def _run(self, sources: list[str], entry_point: str, check: str):
         return run_judged(sources, entry_point, check, timeout_s=float(self.cfg.timeout_s),
