@@ -207,6 +207,7 @@ CASES = [
          setup=write("p.jsonl", '{"prompt": "a", "ref": null}\n'), before_run=False),
     Case("jsonl_reference_short_of_the_turns", JSONL + ["task.reference_field=ref"], "p.jsonl:1: field 'ref' is [\"x\"]; expected a string or a list of 2 strings",
          setup=write("p.jsonl", '{"prompt": ["a", "b"], "ref": ["x"]}\n'), before_run=False),
+    Case("beta_prior_huge", TINY + ["method=eesd", "control=beta_ts", "control.alpha0=1e308"], "control.alpha0=1e+308"),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),

@@ -255,7 +255,9 @@ CONTROLS = {
     "adaptive_threshold": _K_MAX | {"gamma": FRACTION(), "epsilon": NUM(0), "beta1": NUM(0, 1, hi_open=True),
                                     "beta2": NUM(0, 1, hi_open=True), "alpha": NUM(0, 1, lo_open=True),
                                     "reset_per_sequence": BOOL()},
-    "beta_ts": _K_MAX | _TS | {"alpha0": POS(), "beta0": POS()},
+    # a Beta prior of 1e308 pseudo-counts: betaincinv returns nan and drafting silently stops early (1e6 is already
+    # a prior no run of samples can move)
+    "beta_ts": _K_MAX | _TS | {"alpha0": NUM(0, 1e6, lo_open=True), "beta0": NUM(0, 1e6, lo_open=True)},
     "cali_ts": _K_MAX | _TS | {"sigma_m": NUM(1e-6, 1e6), "sigma_s": NUM(1e-6, 1e6), "theta0": FRACTION(),
                                "theta_update": CHOICE("mean", "paper"), "predictor": PATH},
     "fixed": _K_MAX | {"k": INT(1)},
