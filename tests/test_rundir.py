@@ -268,10 +268,11 @@ def test_a_new_configuration_drops_the_old_profile(copy, data_dir):
     assert again["meta"]["forward_costs"] is None and "profile" not in again["meta"]
 
 
-def test_the_report_reads_the_samples_its_summary_counts(copy, data_dir):
+def test_the_report_reads_the_samples_its_summary_counts(copy, data_dir, capsys):
     """Resumed with a smaller task.num_samples, the summary counts a subset of samples.jsonl: the
     report's pairs (its interval, its paired test) are that subset, not every line."""
     runner.run(make_cfg(copy, data_dir, "task.num_samples=2"))
+    assert f"note: {NUM_SAMPLES - 2} finished sample(s) in {copy} are not in this selection" in capsys.readouterr().out
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["samples"] == 2 and len((copy / "samples.jsonl").read_bytes().splitlines()) == NUM_SAMPLES
     (run,) = find_runs([copy])

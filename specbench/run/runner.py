@@ -244,6 +244,11 @@ def run(cfg: DictConfig, target: ModelAdapter | None = None) -> dict:
     try:  # the lock goes with this call, however it ends (in-process callers run again)
         done = run_dir.done()
         todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
+        if outside := len(set(done) - {s.id for s in samples}):
+            # a smaller task.num_samples, or a larger one whose draw does not hold the smaller (random.sample
+            # changes algorithm with the size: docs/runs.md)
+            print(f"note: {outside} finished sample(s) in {run_dir.path} are not in this selection of "
+                  f"task.num_samples={len(samples)}: kept in samples.jsonl, not counted in this summary")
 
         costs = None
         if todo:
