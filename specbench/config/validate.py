@@ -10,6 +10,7 @@ checked. Imports no torch (specbench/config/compose.py calls it before torch loa
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -18,6 +19,7 @@ from specbench.config import bounds, modelinfo, schema, settings
 from specbench.config.engines import engine_rules
 from specbench.config.identity import check_resumable, check_run_dir
 from specbench.core.errors import SpecBenchError, bad_value, one_line, show_value
+from specbench.core.taskfile import task_file
 
 NEAR = 0.75  # an unknown key's nearest known one is suggested from this similarity of their last names
 ABSENT = object()  # a key the config does not have
@@ -156,12 +158,10 @@ def rules(cfg) -> None:
 
 
 def _task_file(cfg) -> None:
-    """task.path names a file that exists (as the task will look for it: also under the data dir)."""
-    from specbench.tasks import build_task  # the tasks import no model code
-
-    task = build_task(settings.group("task", cfg.task))
-    if hasattr(task, "path"):
-        task.path()
+    """task.path names a file that exists, where the task will look for it (also under its data dir)."""
+    data_dir = _get(cfg, "task.data_dir")
+    data_dir = data_dir if _present(data_dir) and data_dir else os.environ.get("SPECBENCH_DATA_DIR")
+    task_file(_get(cfg, "task.path"), Path(data_dir).expanduser() if data_dir else None)
 
 
 def _hf_path(cfg, key: str) -> None:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from specbench.core.errors import SpecBenchError
+from specbench.core.taskfile import task_file
 from specbench.tasks.base import Sample, Task, register_task, utf8_line
 from specbench.tasks.xsum import rouge
 
@@ -62,19 +63,7 @@ class JsonlTask(Task):
         self.primary_metric = "rougeL" if cfg.reference_field else None
 
     def path(self) -> Path:
-        raw = self.cfg.path
-        if not raw:
-            raise SpecBenchError("task jsonl needs task.path=<a JSONL file of prompts>")
-        p = Path(str(raw)).expanduser()
-        tried = [p]
-        if not p.is_absolute() and self.data_dir() is not None:
-            tried.append(self.data_dir() / p)
-        for candidate in tried:
-            if candidate.is_file():
-                return candidate
-        if any(c.is_dir() for c in tried):
-            raise SpecBenchError(f"task.path={raw!r} is a directory; give a JSONL file of prompts")
-        raise SpecBenchError(f"task.path={raw!r} not found; looked at: {', '.join(map(str, tried))}")
+        return task_file(self.cfg.path, self.data_dir())
 
     def load_all(self) -> list[Sample]:
         path = self.path()
