@@ -397,3 +397,17 @@ def test_a_prompt_beyond_the_context_is_refused_before_first_use_training(tmp_pa
     with pytest.raises(SpecBenchError, match="the prompt has .* tokens, the model's context"):
         runner.run(make_cfg(tmp_path / "run", data_dir, "method=medusa", "task=jsonl", f"task.path={p}", "task.num_samples=1"))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_report_says_which_files_in_its_folder_an_earlier_report_left(copy, tmp_path, capsys):
+    """A second report into one --out rewrote the tables and left the first one's plots of other runs
+    beside them without a word."""
+    from specbench.report import report
+
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "speedup_vs_k_other-model.png").write_bytes(b"an earlier report's plot")
+    report([copy], out)
+    assert f"note: 1 file(s) in {out} are from an earlier report, not this one: speedup_vs_k_other-model.png" in capsys.readouterr().out
+    report([copy], out)  # its own files, rewritten: nothing more to say of them
+    assert "tables.md" not in capsys.readouterr().out.split("note:")[-1]

@@ -56,6 +56,8 @@ def test_engine_files_match_the_schema():
     (["method=ngram", "model=tiny-llama"], "model.loader='tiny' is not allowed"),
     (["method=eagle3", "method.model=/d", "model.draft_quant=q8_0"], "model.draft_quant='q8_0' is not allowed; expected none"),
     (["method=ngram", "engine.batch_sizes=[0,2]"], r"engine.batch_sizes=\[0, 2\] is not allowed"),
+    # refused by the summary after the worker ran, a run dir left behind
+    (["method=ngram", "engine.batch_sizes=[2,2]"], r"engine.batch_sizes=\[2, 2\] is not allowed; expected distinct batch sizes"),
     (["method=suffix", "method.min_token_prob=2"], "method.min_token_prob=2 is not allowed"),
     (["method=ngram", "method.k=3"], "unknown key 'method.k' for method 'ngram'; allowed: name, num_speculative_tokens"),
 ])
@@ -314,6 +316,16 @@ def test_fake_worker_contract_records_resume_and_summary(tmp_path, fake_worker, 
     assert out["runs"] == []
     text = (tmp_path / "rep" / "vllm_tables.md").read_text()
     assert "| ngram (k=5) | 4 |" in text and "0.500x" in text and (tmp_path / "rep" / "vllm_throughput.png").stat().st_size > 1000
+    # a run of another setting stands in its own table and plot (it was listed under the first one's header)
+    other = tmp_path / "other"
+    run_vllm(vllm_cfg(*args[:-2], "max_new_tokens=6", f"run_dir={other}"))
+    report([run_dir, other], tmp_path / "rep2")
+    text = (tmp_path / "rep2" / "vllm_tables.md").read_text()
+    assert text.count("# vLLM: throughput vs batch size") == 2 and "max_new_tokens 6" in text and "max_new_tokens 8" in text
+    assert {p.name for p in (tmp_path / "rep2").glob("*.png")} == {"vllm_throughput_1.png", "vllm_throughput_2.png"}
+    with pytest.raises(SpecBenchError, match="engine=vllm runs only"):  # refused before anything is written
+        report([run_dir], tmp_path / "rep3", baseline="pld")
+    assert not (tmp_path / "rep3").exists()
 
     # other prompts are never mixed into these batch sizes
     with pytest.raises(SpecBenchError, match="measured on other prompts"):

@@ -83,6 +83,9 @@ def engine_rules(get) -> None:
         return
     if get("model.loader") == "tiny":
         raise _bad("model.loader", "tiny", "gguf or hf with engine=vllm (a tiny random Llama has no tokenizer vLLM can load)")
+    sizes = get("engine.batch_sizes")
+    if isinstance(sizes, list) and len(set(sizes)) < len(sizes):  # one record a batch size: a second is refused after the run
+        raise _bad("engine.batch_sizes", sizes, "distinct batch sizes")
     if get("model.draft_quant") not in (None, "none"):  # our trained parts' rounding; vLLM loads its drafter itself
         raise _bad("model.draft_quant", get("model.draft_quant"), "none with engine=vllm")
     if name in HEAD_METHODS and not get("method.model"):

@@ -59,15 +59,40 @@ def _f(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 
 
+def setting(summary: dict) -> tuple:
+    """What runs must share to stand in one table and plot: the model, the task, its prompts, the length
+    and the sampling (runs of two settings under one header read as one comparison)."""
+    m = summary["meta"]
+    return (m["model"], m["task"], m["prompts"], m["max_new_tokens"], json.dumps(m["sampling"], sort_keys=True))
+
+
+def by_setting(runs) -> list[list]:
+    groups: dict[tuple, list] = {}
+    for r in runs:
+        groups.setdefault(setting(r[1]), []).append(r)
+    return list(groups.values())
+
+
+def labels(runs) -> list[str]:
+    """Each run's label; the run dir's name joins a label two runs of one setting share."""
+    plain = [label(s) for _, s in runs]
+    return [f"{x} [{p.name}]" if plain.count(x) > 1 else x for x, (p, _) in zip(plain, runs)]
+
+
 def tables_md(runs) -> str:
+    return "\n".join(_setting_md(group) for group in by_setting(runs))
+
+
+def _setting_md(runs) -> str:
     cols = ["method", "batch", table.Column("AR tok/s", spec=".1f"), table.Column("method tok/s", spec=".1f"), "speedup", "=AR",
             "accept len", "accept by position", "CPU share AR/method"]
-    rows = [[label(s), b["batch_size"], b["ar_tokens_per_s"], b["method_tokens_per_s"], _f(b["speedup"], ".3f") + "x",
+    names = labels(runs)
+    rows = [[name, b["batch_size"], b["ar_tokens_per_s"], b["method_tokens_per_s"], _f(b["speedup"], ".3f") + "x",
              f"{b['matches_ar']}/{b['requests']}", _f(b["mean_accepted_length"]), " ".join(_f(p) for p in b["per_position"] or []),
              f"{_f(b.get('ar_cpu_share'))}/{_f(b.get('method_cpu_share'))}"]
-            for _, s in runs for b in s["batches"]]
-    cross = [[label(s), ", ".join(str(b["batch_size"]) for b in s["batches"]),
-              s["crossover_batch"] if s["crossover_batch"] else "pays at every batch size measured"] for _, s in runs]
+            for name, (_, s) in zip(names, runs) for b in s["batches"]]
+    cross = [[name, ", ".join(str(b["batch_size"]) for b in s["batches"]),
+              s["crossover_batch"] if s["crossover_batch"] else "pays at every batch size measured"] for name, (_, s) in zip(names, runs)]
     m = runs[0][1]["meta"]
     head = (f"# vLLM: throughput vs batch size\n\nmodel {m['model']}, task {m['task']}, {m['prompts']} prompts, "
             f"max_new_tokens {m['max_new_tokens']}, sampling {m['sampling']}; runs: " + ", ".join(str(p) for p, _ in runs) + "\n\n")
@@ -84,12 +109,12 @@ def plot(runs, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, (_, s) in enumerate(runs):
+    for name, (_, s) in zip(labels(runs), runs):
         bs = [b["batch_size"] for b in s["batches"]]
-        line, = ax1.plot(bs, [b["method_tokens_per_s"] for b in s["batches"]], marker="o", label=label(s))
+        line, = ax1.plot(bs, [b["method_tokens_per_s"] for b in s["batches"]], marker="o", label=name)
         ax1.plot(bs, [b["ar_tokens_per_s"] for b in s["batches"]], ls="--", color=line.get_color(), alpha=0.6,
-                 label=f"AR (in the {s['meta']['method']} run)")
-        ax2.plot(bs, [b["speedup"] for b in s["batches"]], marker="o", color=line.get_color(), label=label(s))
+                 label=f"AR (in the {name} run)")
+        ax2.plot(bs, [b["speedup"] for b in s["batches"]], marker="o", color=line.get_color(), label=name)
     ax2.axhline(1.0, color="grey", lw=1)
     sizes = sorted({b["batch_size"] for _, s in runs for b in s["batches"]})
     for ax, ylabel in ((ax1, "output tokens/s"), (ax2, "speedup over AR")):
@@ -111,8 +136,12 @@ def report(dirs, out=None) -> Path:
     out = Path(out) if out else Path(dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     (out / "vllm_tables.md").write_text(tables_md(runs))
-    plot(runs, out / "vllm_throughput.png")
-    print(f"vllm report: {len(runs)} runs -> {out} (vllm_tables.md, vllm_throughput.png)")
+    groups = by_setting(runs)
+    # one plot a setting: vllm_throughput.png, or vllm_throughput_<n>.png in the tables' order when there are several
+    names = ["vllm_throughput.png"] if len(groups) == 1 else [f"vllm_throughput_{i + 1}.png" for i in range(len(groups))]
+    for group, name in zip(groups, names):
+        plot(group, out / name)
+    print(f"vllm report: {len(runs)} runs in {len(groups)} setting(s) -> {out} (vllm_tables.md, {', '.join(names)})")
     return out
 
 
