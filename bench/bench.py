@@ -142,6 +142,11 @@ def main() -> None:
     from specbench.config.settings import of
 
     suite = SUITES[args.suite]
+    names = [n for n, _ in suite["runs"]]
+    if unknown := [n for n in args.only or [] if n not in names]:  # else: an empty table written over the stored one
+        ap.exit(2, f"specbench: error: --only {unknown} not in the {args.suite} suite; allowed: {', '.join(names)}\n")
+    if args.samples < 1 or args.max_new_tokens < 1:
+        ap.exit(2, f"specbench: error: --samples {args.samples} / --max-new-tokens {args.max_new_tokens}: expected integers >= 1\n")
     out = Path(args.out)
     base = [f"task.num_samples={args.samples}", f"max_new_tokens={args.max_new_tokens}", "progress=true"] + args.overrides
     rows, target = [], None
