@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specbench.models.artifacts import save_checkpoint
+from specbench.models.artifacts import PUBLISHED, file_sha256, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor, CaliTS
 from specbench.control.base import DraftRef
 from specbench.core.errors import SpecBenchError
@@ -284,3 +284,28 @@ def test_cpu_flags_are_read_here():
     flags = ggml.cpu_flags()
     if Path("/proc/cpuinfo").exists() and os.uname().machine in ("x86_64", "aarch64"):
         assert flags and flags.split() == sorted(flags.split())
+
+
+def test_cali_predictor_of_another_exit_layer_is_refused(cache):
+    """EESD's exit layer retrained with train.cali=false left the old predictor beside it, same name,
+    and a cali_ts run paired them without a word. The predictor records its exit layer's hash; one
+    from before the key is paired by where both lie (published with published)."""
+    target = tiny_model()
+    structure = {"n_layers": 1, "head": "shared"}
+    exit_path = save_checkpoint("eesd", target.key, structure, EarlyExit(target, 1).trainable_state(), SETTINGS)
+    state = CaliPredictor(target.hidden_size, 3).state_dict()
+    ref = DraftRef(target.key, structure, "cpu", target.hidden_size, str(exit_path))
+    save_checkpoint("cali", target.key, structure, state, SETTINGS | {"max_i": 3, "exit_layer_sha256": file_sha256(exit_path)})
+    assert CaliTS.attach({"predictor": None}, ref)["predictor"] is not None  # its own exit layer
+    retrained = EarlyExit(target, 1)
+    torch.nn.init.normal_(retrained.layer.self_attn.q_proj.weight)
+    save_checkpoint("eesd", target.key, structure, retrained.trainable_state(), SETTINGS)
+    with pytest.raises(SpecBenchError, match="was trained with another EESD exit layer than") as e:
+        CaliTS.attach({"predictor": None}, ref)
+    one_line(e, str(exit_path))
+    assert CaliTS.attach({"predictor": "none"}, ref)["predictor"] is None  # the ablation, asked for
+    # a predictor from before the key: a cached one beside a published exit layer is another layer's
+    save_checkpoint("cali", target.key, structure, state, SETTINGS | {"max_i": 3})
+    published = DraftRef(target.key, structure, "cpu", target.hidden_size, str(PUBLISHED / "x" / "eesd" / "e.safetensors"))
+    with pytest.raises(SpecBenchError, match="was trained with another EESD exit layer"):
+        CaliTS.attach({"predictor": None}, published)

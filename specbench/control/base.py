@@ -44,6 +44,7 @@ class DraftRef:
     structure: dict
     device: Any = "cpu"
     hidden_size: int | None = None  # the width of the hidden states it hands the controller
+    checkpoint: str | None = None  # the draft's trained file, where it has one (a predictor must be trained with it)
 
 
 class Controller:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.models.artifacts import check_state, load_checkpoint
+from specbench.models.artifacts import PUBLISHED, check_state, file_sha256, load_checkpoint
 from specbench.control.base import Controller, DraftInfo, DraftRef, check_round, register_controller
 from specbench.control.beta_ts import COUNTS, bernoulli, round_counts
 from specbench.core.errors import SpecBenchError, choice_error
@@ -127,6 +127,25 @@ class CaliPredictor(nn.Module):
         return model
 
 
+def check_pairing(ckpt: dict, draft: DraftRef) -> None:
+    """The predictor reads the exit layer's hidden states: one trained with another exit layer (the
+    exit layer retrained with train.cali=false, or a local exit layer beside the published predictor)
+    predicts for states it never saw. Its settings record the exit layer's hash; a predictor from
+    before that key is paired by where both come from (published with published, cache with cache)."""
+    if not draft.checkpoint:
+        return
+    recorded = (ckpt.get("settings") or {}).get("exit_layer_sha256")
+    exit_path, pred_path = Path(draft.checkpoint), Path(ckpt["path"])
+    if recorded:
+        other = recorded != file_sha256(exit_path)
+    else:
+        other = (PUBLISHED in pred_path.parents) != (PUBLISHED in exit_path.parents)
+    if other:
+        raise SpecBenchError(f"Cali-TS predictor {pred_path} was trained with another EESD exit layer than {exit_path}; "
+                             "train both together (`python -m specbench.train method=eesd`, train.cali=true) "
+                             "or run without it (control.predictor=none)")
+
+
 @register_controller
 class CaliTS(Controller):
     """Cali-TS: a Gaussian posterior over theta that mixes a trained predictor with the sample mean.
@@ -186,6 +205,8 @@ class CaliTS(Controller):
     def attach(cls, params: dict, draft: DraftRef | None) -> dict:
         """`predictor: null|auto` with a draft that has a trained predictor (EESD's early exit,
         trained with it by `python -m specbench.train method=eesd`): use it; else none."""
+        if params.get("predictor") == "none":  # the paper's "w/o model prediction" ablation, trained predictor or not
+            return params | {"predictor": None}
         if params.get("predictor") not in (None, "auto") or draft is None:
             return params if params.get("predictor") != "auto" else params | {"predictor": None}
         ckpt = load_checkpoint("cali", draft.model_key, draft.structure, "auto", required=False)
@@ -195,6 +216,7 @@ class CaliTS(Controller):
         if draft.hidden_size is not None and d != draft.hidden_size:
             raise SpecBenchError(f"Cali-TS predictor {ckpt['path']} is for hidden size {d}, the draft's is "
                                  f"{draft.hidden_size}; {ckpt['fix']}")
+        check_pairing(ckpt, draft)
         pred = CaliPredictor.from_state(ckpt["state"], d, max_i, ckpt["path"])
         # on the draft's device (no host copy of each hidden state); float32 whatever the model
         # dtype: its inputs are cast to its weights (CaliPredictor.logits)

@@ -103,7 +103,8 @@ class EESD(SpeculativeMethod):
 
     def draft_ref(self) -> DraftRef:
         # a Cali-TS predictor is trained with one early-exit layer: the controller factory finds it by this
-        return DraftRef(self.target.key, self.exit.structure(), self.target.device, self.target.hidden_size)
+        return DraftRef(self.target.key, self.exit.structure(), self.target.device, self.target.hidden_size,
+                        self.info.get("checkpoint"))
 
     def describe(self) -> dict:
         return super().describe() | {k: v for k, v in self.info.items() if k != "train_settings"}

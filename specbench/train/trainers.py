@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.config import settings
-from specbench.models.artifacts import find_checkpoint, save_checkpoint
+from specbench.models.artifacts import file_sha256, find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
@@ -90,7 +90,7 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     print(f"eesd: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} ({stopped}); {path}")
     result = {"eesd": str(path), "held_out_loss": [before[0], after[0]], "held_out_agreement": [before[1], after[1]]}
     if cali:
-        result.update(train_cali(target, exit_, cfg, train, held, store))
+        result.update(train_cali(target, exit_, cfg, train, held, store, path))
     return result
 
 
@@ -177,7 +177,9 @@ def cali_examples(target: ModelAdapter, exit_, sequences, max_i: int, per_seq: i
     return torch.stack(th).float(), torch.stack(dh).float(), torch.tensor(ii), torch.tensor(lab)
 
 
-def train_cali(target: ModelAdapter, exit_, cfg, train, held, store=None) -> dict:
+def train_cali(target: ModelAdapter, exit_, cfg, train, held, store=None, exit_path=None) -> dict:
+    """`exit_path`: the exit layer's file, whose hash the predictor records (control/cali_ts.py refuses
+    to pair the predictor with another exit layer)."""
 
     ccfg = cfg.train.cali_predictor
     exit_.eval()
@@ -192,7 +194,8 @@ def train_cali(target: ModelAdapter, exit_, cfg, train, held, store=None) -> dic
         acc = float(((p > 0.5).float() == hx[3]).float().mean())
         base = float(hx[3].mean())
     settings = {"max_i": int(ccfg.max_i), "examples": len(ex[3]), "steps": len(losses), "train_sequences": len(train), "positive_rate": float(ex[3].mean()),
-                "losses": losses, "held_out_accuracy": acc, "held_out_positive_rate": base}
+                "losses": losses, "held_out_accuracy": acc, "held_out_positive_rate": base,
+                "exit_layer_sha256": file_sha256(exit_path) if exit_path else None}
     path = save_checkpoint("cali", target.key, exit_.structure(), pred.state_dict(), settings)
     print(f"cali-ts predictor: {len(ex[3])} examples, held-out accuracy {acc:.3f} (majority baseline {max(base, 1 - base):.3f}); {path}")
     return {"cali": str(path), "cali_held_out_accuracy": acc}
