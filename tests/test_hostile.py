@@ -208,6 +208,12 @@ CASES = [
     Case("jsonl_reference_short_of_the_turns", JSONL + ["task.reference_field=ref"], "p.jsonl:1: field 'ref' is [\"x\"]; expected a string or a list of 2 strings",
          setup=write("p.jsonl", '{"prompt": ["a", "b"], "ref": ["x"]}\n'), before_run=False),
     Case("beta_prior_huge", TINY + ["method=eesd", "control=beta_ts", "control.alpha0=1e308"], "control.alpha0=1e+308"),
+    # training (red team, s71): each was refused, or crashed, only after the data was generated
+    Case("train_no_bound", ["method=vanilla_sd", "model=tiny-llama", "train.max_steps=null", "train.epochs=null"],
+         "train.max_steps and train.epochs are both null", entry="specbench.train"),
+    Case("train_one_sequence", ["method=eesd", "model=tiny-llama", "train.max_sequences=1"], "train.max_sequences=1", entry="specbench.train"),
+    Case("train_answer_within_greedy_prefix", ["method=vanilla_sd", "model=tiny-llama", "train.data.max_new_tokens=4"],
+         "train.data.max_new_tokens=4 is not allowed; expected an integer > train.data.greedy_prefix (4)", entry="specbench.train"),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),

@@ -271,7 +271,8 @@ _TRAIN = {
     "data.temperature": POS(), "data.top_p": NUM(0, 1, lo_open=True),
     "data.gen_minutes": POS(null=True),  # a safety cap, null: none (the budget is num_prompts)
     "data.general_prompts": INT(0), "data.general_max_prompt_tokens": INT(8),
-    "max_sequences": INT(1), "cap": CHOICE("first", "spread"), "labels": CHOICE("target", "text"), "distill": CHOICE("hard", "soft"), "lr": POS(),
+    # max_sequences: one at least is held out, so 1 left nothing to train on
+    "max_sequences": INT(2), "cap": CHOICE("first", "spread"), "labels": CHOICE("target", "text"), "distill": CHOICE("hard", "soft"), "lr": POS(),
     "feature_cache": CHOICE("float16", "float32", null=True),
     "prefill_batch_size": INT(1), "matmul": CHOICE("float32", "tf32"),
     "max_steps": INT(1, null=True), "epochs": INT(1, null=True),  # null: the other bound (not both: the loop says so)

@@ -130,6 +130,14 @@ def rules(cfg) -> None:
         if isinstance(t := _get(cfg, key), (int, float)) and 0 < t < MIN_TEMPERATURE:
             least = f"a number >= {MIN_TEMPERATURE}"
             raise _bad(key, t, f"{'0 (greedy) or ' if key.startswith('sampling') else ''}{least} (below, logits / temperature overflow float32)")
+    if _get(cfg, "train") is not ABSENT:  # refused here, not after the data is generated
+        if _get(cfg, "train.max_steps") is None and _get(cfg, "train.epochs") is None:
+            raise SpecBenchError("train.max_steps and train.epochs are both null: set train.max_steps=N (optimiser steps) "
+                                 "or train.epochs=N")
+        new, prefix = _get(cfg, "train.data.max_new_tokens"), _get(cfg, "train.data.greedy_prefix")
+        if _present(new, prefix) and isinstance(new, int) and isinstance(prefix, int) and new <= prefix:
+            raise _bad("train.data.max_new_tokens", new, f"an integer > train.data.greedy_prefix ({prefix}), the greedy "
+                       "tokens before a sampled answer")
     lo, hi = _get(cfg, "method.min_ngram"), _get(cfg, "method.max_ngram")
     if _get(cfg, "method.name") == "pld" and _present(lo, hi) and hi < lo:
         raise _bad("method.max_ngram", hi, f"an integer >= method.min_ngram ({lo})")
