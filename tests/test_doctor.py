@@ -51,3 +51,16 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, argv, expect):
                        capture_output=True, text=True)
     assert r.returncode == 2 and not out.exists(), r.stderr[-500:]
     assert r.stderr.strip() == f"specbench: error: {expect}"
+
+
+def test_an_output_directory_and_an_unloadable_model_are_one_line(tmp_path):
+    """--out <a directory> and --model <nothing loadable> were tracebacks (the second after writing)."""
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", "--device", "cpu", "--no-tests", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.strip() == f"specbench: error: --out {str(tmp_path)!r} is a directory; give the report's file (e.g. doctor_report.md)"
+    out = tmp_path / "r.md"
+    r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", "--device", "cpu", "--no-tests", "--model", str(tmp_path / "none"),
+                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("specbench: error:"), r.stderr[-800:]
+    assert f"(the report so far: {out})" in r.stderr

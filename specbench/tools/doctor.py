@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from specbench.config.compose import CONF_DIR, fail
+from specbench.core.errors import SpecBenchError
 
 REPO = CONF_DIR.parent
 DEVICES = ("cuda", "cpu")
@@ -61,6 +62,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         fail(f"--samples must be >= 2, got {args.samples}")
     if not args.seconds > 0:  # also nan
         fail(f"--seconds must be > 0, got {args.seconds}")
+    if Path(args.out).is_dir():
+        fail(f"--out {args.out!r} is a directory; give the report's file (e.g. doctor_report.md)")
     return args
 
 
@@ -271,7 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     def write(lines):  # after every section: a run cut short by a time limit keeps what it measured
         Path(args.out).write_text("\n".join(lines) + "\n")
 
-    text = "\n".join(report(args, write)) + "\n"
+    try:
+        text = "\n".join(report(args, write)) + "\n"
+    except SpecBenchError as e:  # a model that cannot be loaded, ...: one line; what was measured stays written
+        fail(f"{e} (the report so far: {args.out})")
+    except OSError as e:
+        fail(f"cannot write {args.out}: {e.strerror or e}")
     print(text)
     print(f"report written to {args.out}")
 
