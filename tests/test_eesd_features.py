@@ -154,3 +154,36 @@ def test_train_distill_soft_is_refused_by_the_trainers_that_do_not_read_it():
     cfg = _cfg("medusa", ["train.distill=soft"])
     with pytest.raises(SpecBenchError, match="train.distill=.soft. is supported by eesd, space only, not medusa"):
         train_model(cfg, tiny_model())
+
+
+def test_an_interrupted_cali_stage_resumes_the_finished_exit_layer(tmp_path, monkeypatch, data_dir):
+    """Ctrl-C while the Cali-TS predictor was being trained, then 'run the same command to resume':
+    the exit layer, finished and saved, was trained again from step 0 (its resume state had been
+    dropped when it was saved). It is kept until the predictor is saved, and the rerun continues."""
+    from specbench.train import loop, trainers
+    from specbench.train.__main__ import train
+
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    cfg = _cfg("eesd", [f"method.n_layers={N}", "train.checkpoint_every=1"])
+    real_cali = trainers.train_cali
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainers, "train_cali", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    (exit_layer,) = [p for p in (tmp_path / "eesd").glob("*.safetensors") if ".resume." not in p.name]
+    first = exit_layer.read_bytes()
+    assert list((tmp_path / "eesd").glob("*.resume.safetensors"))  # kept: the command is not finished
+
+    steps = []
+    real_loop = loop._train_loop
+    monkeypatch.setattr(loop, "_train_loop", lambda *a, **k: real_loop(*a, **k, on_resume=steps.append) if "on_resume" not in k
+                        else real_loop(*a, **k))
+    monkeypatch.setattr(trainers, "train_cali", real_cali)
+    out = train(cfg)
+    assert steps and steps[0] > 0, steps  # continued from its last state, not from step 0
+    assert exit_layer.read_bytes() == first and "cali" in out
+    assert not list((tmp_path / "eesd").glob("*.resume.safetensors"))  # done: dropped

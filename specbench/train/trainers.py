@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.config import settings
-from specbench.models.artifacts import file_sha256, find_checkpoint, save_checkpoint
+from specbench.models.artifacts import drop_resume, file_sha256, find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
@@ -85,12 +85,14 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
                               inputs=store and store.inputs())
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)
-    path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings)
+    path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings, keep_resume=cali)
     write_log(path, log, settings)
     print(f"eesd: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} ({stopped}); {path}")
     result = {"eesd": str(path), "held_out_loss": [before[0], after[0]], "held_out_agreement": [before[1], after[1]]}
     if cali:
         result.update(train_cali(target, exit_, cfg, train, held, store, path))
+        if stopped != "train.max_minutes":
+            drop_resume(path)
     return result
 
 
