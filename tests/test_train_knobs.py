@@ -73,3 +73,23 @@ def test_train_cap_decides_which_sequences_the_trainer_gets(how, monkeypatch):
     assert len(source) == 20
     counts = (source.count(0), source.count(1), source.count(2))
     assert counts == ((20, 0, 0) if how == "first" else (12, 6, 2))
+
+
+def test_held_out_loss_counts_only_sequences_with_labels():
+    """A held-out sequence whose answer lay past train.max_len added a loss of 0 to the mean, and a
+    held-out set with no labelled token at all reported 'loss 0.000, agreement 0.000'."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from specbench.train.loop import eval_loss
+
+    def loss_fn(ids, labels):  # a loss of 2 and one right of one counted where there is a label
+        n = int((labels != -100).sum())
+        return (torch.tensor(2.0), (n, n)) if n else (torch.tensor(0.0), (0, 0))
+
+    tcfg = SimpleNamespace(max_len=8)
+    labelled, unlabelled = ([1, 2, 3, 4], 2), ([1, 2, 3, 4], 4)  # (tokens, answer start): the second has no answer
+    assert eval_loss(loss_fn, [labelled, unlabelled], tcfg, 0, "cpu") == (2.0, 1.0)
+    assert all(math.isnan(x) for x in eval_loss(loss_fn, [unlabelled], tcfg, 0, "cpu"))

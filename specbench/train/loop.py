@@ -226,13 +226,18 @@ def _print_plan(name, n, steps, tcfg, bound, t_step, t_eval, every, resumed: int
 
 @torch.no_grad()
 def eval_loss(loss_fn, sequences, tcfg, pad_id, device, limit=64) -> tuple[float, float]:
-    """Mean held-out loss and top-1 agreement with the labels (what acceptance depends on)."""
+    """Mean held-out loss and top-1 agreement with the labels (what acceptance depends on), over the
+    sequences with labelled tokens: one whose answer lies past train.max_len has no loss (its 0 pulled
+    the mean down), and none at all gives nan, not a 0.000 that reads as a measurement."""
     losses, right, total = [], 0, 0
     for s in sequences[:limit]:
         loss, (r, t) = loss_fn(*pad_batch([s], int(tcfg.max_len), pad_id, device))
-        losses.append(float(loss))
+        if t:
+            losses.append(float(loss))
         right, total = right + r, total + t
-    return sum(losses) / max(1, len(losses)), right / max(1, total)
+    if not total:
+        return float("nan"), float("nan")
+    return sum(losses) / len(losses), right / total
 
 
 def ce_loss(logits, labels):
