@@ -214,6 +214,8 @@ CASES = [
     Case("train_one_sequence", ["method=eesd", "model=tiny-llama", "train.max_sequences=1"], "train.max_sequences=1", entry="specbench.train"),
     Case("train_answer_within_greedy_prefix", ["method=vanilla_sd", "model=tiny-llama", "train.data.max_new_tokens=4"],
          "train.data.max_new_tokens=4 is not allowed; expected an integer > train.data.greedy_prefix (4)", entry="specbench.train"),
+    Case("search_out_a_directory", ["model=tiny-llama", "out={tmp}/d"], "out= '{tmp}/d' is a directory; give a file",
+         entry="specbench.tools.skipsearch", setup=write("d/keep", "")),
     # unknown keys, bad group choices and choice values, rules between keys
     Case("unknown_top_key", TINY + ["+bogus=1"], "unknown key 'bogus'"),
     Case("unknown_method_key", TINY + ["+method.foo=1"], "unknown key 'method.foo'"),

@@ -275,9 +275,17 @@ def test_curves_plot_and_refuse_bad_input(tmp_path, capsys):
                                "curve": [{"step": 0, "acceptance": [0.1, 0.0]}, {"step": 4, "acceptance": [0.4, 0.2]}]}))
     out = curves.main([str(log), "-o", str(tmp_path / "c.png")])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for bad in ({"log": []}, {"curve": []}):
+    # the last three passed the shape check and were tracebacks (or, the last, a PNG of nothing)
+    bads = ({"log": []}, {"curve": []}, {"settings": {"method": "eesd"}, "curve": [{"step": 1, "acceptance": [0.5]}]},
+            {"curve": ["stepacceptance"]}, {"curve": [{"step": 1, "acceptance": 0.5}]}, {"curve": [{"step": "a", "acceptance": "x"}]})
+    for bad in bads:
         log.write_text(json.dumps(bad))
         with pytest.raises(SystemExit) as e:
             curves.main([str(log), "-o", str(tmp_path / "d.png")])
         assert e.value.code == 2
-    assert capsys.readouterr().err.count("specbench: error:") == 2 and not (tmp_path / "d.png").exists()
+    assert capsys.readouterr().err.count("specbench: error:") == len(bads) and not (tmp_path / "d.png").exists()
+    (tmp_path / "dir.png").mkdir()
+    log.write_text(json.dumps({"curve": [{"step": 0, "acceptance": [0.1]}]}))
+    with pytest.raises(SystemExit):  # an IsADirectoryError after plotting, before
+        curves.main([str(log), "-o", str(tmp_path / "dir.png")])
+    assert "-o '" + str(tmp_path / "dir.png") + "' is a directory" in capsys.readouterr().err

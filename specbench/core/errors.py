@@ -56,3 +56,21 @@ def interrupted(message: str) -> None:
     """The one line an entry point stopped by Ctrl-C or SIGTERM prints (what was kept, how to go on), then exits."""
     print(f"specbench: interrupted: {message}", file=sys.stderr)
     raise SystemExit(interrupt_exit_code())
+
+
+def check_output_file(path, flag: str) -> None:
+    """An output file that can be written: not a directory, under a directory (or one that can be made)
+    this user may write. Checked before the work whose result it holds (a skip search, a profile)."""
+    import os
+    from pathlib import Path
+
+    p = Path(str(path)).expanduser()
+    if p.is_dir():
+        raise SpecBenchError(f"{flag} {str(path)!r} is a directory; give a file")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SpecBenchError(f"{flag} {str(path)!r}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecBenchError(f"{flag} {str(path)!r}: {parent} cannot be written")

@@ -34,7 +34,7 @@ from specbench.models.artifacts import cache_dir
 from specbench.config.compose import check_choices, compose, fail, validate
 from specbench.engine.sampling import SamplingConfig
 from specbench.engine.timer import PhaseTimer
-from specbench.core.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError, check_output_file
 from specbench.methods import build_method
 from specbench.models import ModelAdapter, load_model
 from specbench.run.profiling import profile_forward
@@ -53,8 +53,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         low = 2 if name == "repeats" else 1
         if getattr(args, name) < low:
             fail(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
-    if args.max_cv <= 0:
+    if not args.max_cv > 0:  # also nan
         fail(f"--max-cv must be > 0, got {args.max_cv}")
+    if args.out:
+        try:
+            check_output_file(args.out, "--out")
+        except SpecBenchError as e:
+            fail(str(e))
     return args, overrides
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from specbench.config.compose import CONF_DIR, fail
-from specbench.core.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError, check_output_file
 
 REPO = CONF_DIR.parent
 DEVICES = ("cuda", "cpu")
@@ -62,8 +62,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         fail(f"--samples must be >= 2, got {args.samples}")
     if not args.seconds > 0:  # also nan
         fail(f"--seconds must be > 0, got {args.seconds}")
-    if Path(args.out).is_dir():
-        fail(f"--out {args.out!r} is a directory; give the report's file (e.g. doctor_report.md)")
+    try:
+        check_output_file(args.out, "--out")
+    except SpecBenchError as e:
+        fail(f"{e} (the report's file, e.g. doctor_report.md)")
     return args
 
 

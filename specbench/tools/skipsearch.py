@@ -20,7 +20,7 @@ from specbench.config.compose import check_choices, compose, fail
 from specbench.config.validate import check_values, validate
 from specbench.config.schema import SEARCH
 from specbench.config.settings import CONF_DIR
-from specbench.core.errors import SpecBenchError
+from specbench.core.errors import SpecBenchError, check_output_file
 from specbench.methods.self_sd import model_key
 from specbench.models import load_model
 from specbench.train.skipsearch import (confirm_best, gsm8k_train_prompts, load_result, progress_path, result_path,
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
         if key in ("method", "task"):
             raise SpecBenchError(f"the skip search always uses method=self_sd and task=gsm8k (train split); drop {o!r}")
     check_choices(overrides)
+    if opts["out"]:  # before the search, not after it
+        check_output_file(opts["out"], "out=")
     cfg = compose(["method=self_sd", "task=gsm8k", *overrides])
     validate(cfg)
     torch.set_grad_enabled(False)

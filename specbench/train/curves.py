@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from specbench.core.errors import SpecBenchError, check_output_file
+
 
 def fail(message: str) -> None:
     print(f"specbench: error: {message}", file=sys.stderr)
@@ -26,7 +28,11 @@ def read_curve(path: Path) -> tuple[str, list[dict]]:
         body = json.loads(Path(path).read_text())
         points = body["curve"]
         settings = body.get("settings") or {}
-        assert isinstance(points, list) and all("step" in p and "acceptance" in p for p in points)
+        number = (int, float)
+        assert isinstance(points, list) and isinstance(settings, dict) and isinstance(settings.get("method") or {}, dict)
+        assert all(isinstance(p, dict) and isinstance(p.get("step"), number) and not isinstance(p["step"], bool)
+                   and isinstance(p.get("acceptance"), list) and p["acceptance"]  # one figure a depth
+                   and all(isinstance(a, number) for a in p["acceptance"]) for p in points)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AssertionError):
         fail(f"{path} is not a training log with a held-out curve (a <artifact>.log.json written with "
              "train.eval_every set)")
@@ -74,8 +80,15 @@ def main(argv: list[str] | None = None) -> Path:
     args = ap.parse_args(argv)
     if args.out.suffix.lower() != ".png":
         fail(f"-o {args.out}: the output must be a .png file")
+    try:
+        check_output_file(args.out, "-o")
+    except SpecBenchError as e:
+        fail(str(e))
     curves = [read_curve(p) for p in args.logs]  # every input checked before anything is written
-    out = plot(curves, args.out)
+    try:
+        out = plot(curves, args.out)
+    except OSError as e:
+        fail(f"cannot write {args.out}: {e.strerror or e}")
     print(f"wrote {out}")
     return out
 
