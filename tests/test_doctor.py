@@ -58,7 +58,7 @@ def test_an_output_directory_and_an_unloadable_model_are_one_line(tmp_path):
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", "--device", "cpu", "--no-tests", "--out", str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True, env=env)
-    assert r.returncode == 2 and r.stderr.strip() == f"specbench: error: --out {str(tmp_path)!r} is a directory; give the report's file (e.g. doctor_report.md)"
+    assert r.returncode == 2 and r.stderr.strip() == f"specbench: error: --out {str(tmp_path)!r} is a directory; give a file (the report's file, e.g. doctor_report.md)"
     out = tmp_path / "r.md"
     r = subprocess.run([sys.executable, "-m", "specbench.tools.doctor", "--device", "cpu", "--no-tests", "--model", str(tmp_path / "none"),
                         "--out", str(out)], cwd=REPO, capture_output=True, text=True, env=env)

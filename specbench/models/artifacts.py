@@ -176,9 +176,6 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 def save_checkpoint(kind: str, model_key: str, structure: dict, state: dict, settings: dict, keep_resume: bool = False) -> Path:
-    """`keep_resume`: leave the training's resume state, because a later stage of the same command
-    (EESD's Cali-TS predictor) still depends on it: interrupted there, a rerun resumes instead of
-    training this part again from step 0 (the caller drops it with drop_resume once done)."""
     check_trained(settings, kind)
     # no time stamp: the same setting trained again (or resumed) gives the same bytes, the same provenance hash
     meta = {"format": FORMAT, "kind": kind, "model_key": model_key, "structure": structure, "settings": settings}
@@ -190,13 +187,9 @@ def save_checkpoint(kind: str, model_key: str, structure: dict, state: dict, set
     path = checkpoint_path(kind, model_key, structure)
     atomic_write(path, lambda p: save_file(flat, str(p), metadata={"specbench": json.dumps(meta, default=str)}))
     if settings.get("stopped_by") != "train.max_minutes" and not keep_resume:  # a capped run keeps its state: a rerun continues it
-        drop_resume(path)
+        for stale in path.parent.glob(f"{path.stem}.*.resume.safetensors"):  # the training it resumed is finished
+            stale.unlink(missing_ok=True)
     return path
-
-
-def drop_resume(path: Path) -> None:
-    for stale in path.parent.glob(f"{path.stem}.*.resume.safetensors"):  # the training it resumed is finished
-        stale.unlink(missing_ok=True)
 
 
 def read_checkpoint(path: Path, hint: str) -> dict:

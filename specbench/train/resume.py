@@ -131,3 +131,9 @@ def load(resume: Resume, key: str, opt, rngs) -> dict | None:
     for r, s in zip(rngs, meta["rngs"]):
         r.setstate((s[0], tuple(s[1]), s[2]))
     return meta
+
+
+def drop_states(artifact: Path) -> None:
+    """The resume states of a part whose training is finished (save_checkpoint's keep_resume left them)."""
+    for stale in artifact.parent.glob(f"{artifact.stem}.*.resume.safetensors"):
+        stale.unlink(missing_ok=True)

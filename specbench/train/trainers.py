@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.config import settings
-from specbench.models.artifacts import drop_resume, file_sha256, find_checkpoint, save_checkpoint
+from specbench.models.artifacts import file_sha256, find_checkpoint, save_checkpoint
 from specbench.control.cali_ts import CaliPredictor
 from specbench.core.errors import SpecBenchError
 from specbench.methods.eesd import EarlyExit
@@ -39,7 +39,7 @@ from specbench.train.loop import (
     write_log,
 )
 from specbench.train.parts import Part, checkpoint_part, first_use, train_minutes
-from specbench.train.resume import resume_for
+from specbench.train.resume import drop_states, resume_for
 
 TRAINERS = {}
 
@@ -85,6 +85,8 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
                               inputs=store and store.inputs())
     after = eval_loss(loss_fn, held, tcfg, pad, target.device)
     settings = run_settings(cfg, len(train), len(held), log, stopped, before, after)
+    # the exit layer's resume state stays until the predictor is saved: a Ctrl-C in that stage, then the same
+    # command, continues from it instead of training the exit layer again from step 0
     path = save_checkpoint("eesd", target.key, exit_.structure(), exit_.trainable_state(), settings, keep_resume=cali)
     write_log(path, log, settings)
     print(f"eesd: held-out loss {before[0]:.3f} -> {after[0]:.3f}, agreement {before[1]:.3f} -> {after[1]:.3f} ({stopped}); {path}")
@@ -92,7 +94,7 @@ def train_eesd(target: ModelAdapter, cfg, sequences) -> dict:
     if cali:
         result.update(train_cali(target, exit_, cfg, train, held, store, path))
         if stopped != "train.max_minutes":
-            drop_resume(path)
+            drop_states(path)
     return result
 
 
