@@ -5,7 +5,6 @@ domain, GSM8K-only data keeps its old cache key, and train.init starts EAGLE-3 f
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -191,7 +191,7 @@ def test_jsonl_task(tmp_path):
 
 
 def test_jsonl_without_reference_and_default_ids(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
     t = build_task(task_settings("jsonl", **{"path": "p.jsonl", "data_dir": str(tmp_path)}))  # relative to data_dir
     samples = t.load()
     assert [s.id for s in samples] == ["0", "1"] and t.score(samples[0], ["x"]) == {}

@@ -172,7 +172,7 @@ def append_journal(path: Path, batch: int, sequences) -> None:
 @torch.no_grad()
 def generate(target: ModelAdapter, prompts: list[list[int]], dcfg, seed: int, journal: Path | None = None):
     """(sequences, the cap that stopped generation or None). Batch b is seeded by (seed, b) alone."""
-    model, tok = target.model, target.tokenizer
+    tok = target.tokenizer
     eos_ids = sorted(tok.eos_ids)
     pad = eos_ids[0] if eos_ids else 0
     bs = int(dcfg.batch_size)

@@ -272,7 +272,7 @@ def confirm_best(target, result: dict, top: int, repeats: int, progress: bool = 
 
     if int(top) < 1 or int(repeats) < 1:
         raise SpecBenchError(f"confirming needs top >= 1 and repeats >= 1, got top={top}, repeats={repeats}")
-    n, eos, seed = int(result["num_layers"]), target.tokenizer.eos_ids, int(result["seed"])
+    eos, seed = target.tokenizer.eos_ids, int(result["seed"])
     prompts = [p["tokens"] for p in result["prompts"]]
     seen, cands = set(), []
     for t in sorted(result["trials"], key=lambda t: t["value"]):
