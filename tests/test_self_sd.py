@@ -304,6 +304,9 @@ def test_the_command_confirms_a_finished_search_without_searching_again(tmp_path
     confirmed = tool.main(args + ["confirm=2", "repeats=1"])
     assert confirmed["confirm"]["top"] == 2 and load_result(out)["confirm"] == confirmed["confirm"]
     assert confirmed["trials"] == first["trials"]
+    # more repeats is another confirmation (it reused the one of repeats=1, and saved it as asked)
+    again = tool.main(args + ["confirm=2", "repeats=2"])
+    assert again["confirm"]["repeats"] == 2 and all(len(c["speedups"]) == 2 for c in again["confirm"]["candidates"])
     monkeypatch.setattr(tool, "search_skip_set", real)
     assert "confirm" not in tool.main([a for a in args if a != "iterations=2"] + ["iterations=3"])  # another setting: searched
 

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
         progress_path(out).unlink(missing_ok=True)  # done: a later search starts afresh
     else:
         print(f"self_sd skip search: the finished search of this setting is reused ({out})")
-    if opts["confirm"] and (result.get("confirm") or {}).get("top") != opts["confirm"]:
+    done = result.get("confirm") or {}
+    if opts["confirm"] and (done.get("top"), done.get("repeats")) != (opts["confirm"], opts["repeats"]):
         result = confirm_best(target, result, opts["confirm"], opts["repeats"], progress=bool(opts["progress"]))
     path = save_result(result, out)
     ar, best = result["ar_objective"], result["objective"]
