@@ -178,3 +178,20 @@ def test_init_is_refused_by_a_trainer_that_does_not_read_it(data_dir, tmp_path, 
         with pytest.raises(SpecBenchError, match=why):
             train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eagle3", f"train.init={tmp_path / init}"))
         assert not (tmp_path / "distill").exists()
+
+
+def test_init_of_another_part_is_refused_before_the_data(data_dir, tmp_path, monkeypatch):
+    """An EAGLE-2 head given to EAGLE-3 (or any part of another kind) was refused only after the
+    self-distillation data had been generated."""
+    from specbench.methods.eagle_head import EagleHead
+    from specbench.models.artifacts import save_checkpoint
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "parts"))
+    from helpers import tiny_model
+
+    target = tiny_model()
+    other = save_checkpoint("eagle", target.key, {"x": 1}, EagleHead(target).state_dict(), {"steps": 1, "train_sequences": 1})
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+    with pytest.raises(SpecBenchError, match=r"was trained for eagle on model .*, not eagle3 on"):
+        train_in(tmp_path, monkeypatch, cfg_for(data_dir, "eagle3", f"train.init={other}"))
+    assert not (tmp_path / "distill").exists()

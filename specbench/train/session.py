@@ -47,8 +47,11 @@ def train_model(cfg, target, trainer: str | None = None) -> dict:
         init = Path(str(cfg.train.init)).expanduser()
         if not init.is_file():
             raise SpecBenchError(f"train.init={cfg.train.init!r}: no such file (a trained {name} checkpoint, or auto)")
-        if not checkpoint_meta(init):
+        if not (meta := checkpoint_meta(init)):
             raise SpecBenchError(f"train.init={cfg.train.init!r} is damaged or not a specbench checkpoint")
+        if (meta.get("kind"), meta.get("model_key")) != (name, target.key):  # the structure: when it is loaded
+            raise SpecBenchError(f"train.init={cfg.train.init!r} was trained for {meta.get('kind')} on model "
+                                 f"{meta.get('model_key')}, not {name} on {target.key}")
     if cfg.train.distill != "hard" and name not in SOFT_TRAINERS:
         raise SpecBenchError(f"train.distill={cfg.train.distill!r} is supported by {', '.join(SOFT_TRAINERS)} only, "
                              f"not {name}; set train.distill=hard")
