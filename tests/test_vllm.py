@@ -56,6 +56,9 @@ def test_engine_files_match_the_schema():
     (["method=ngram", "model=tiny-llama"], "model.loader='tiny' is not allowed"),
     (["method=eagle3", "method.model=/d", "model.draft_quant=q8_0"], "model.draft_quant='q8_0' is not allowed; expected none"),
     (["method=ngram", "engine.batch_sizes=[0,2]"], r"engine.batch_sizes=\[0, 2\] is not allowed"),
+    # vLLM reads no control.*: each changed only the run dir's name and identity (same measurement, new dirs)
+    (["method=ngram", "control=beta_ts"], r"control.\* is not read with engine=vllm"),
+    (["method=ngram", "control.k=7"], r"control.\* is not read with engine=vllm"),
     # refused by the summary after the worker ran, a run dir left behind
     (["method=ngram", "engine.batch_sizes=[2,2]"], r"engine.batch_sizes=\[2, 2\] is not allowed; expected distinct batch sizes"),
     (["method=suffix", "method.min_token_prob=2"], "method.min_token_prob=2 is not allowed"),

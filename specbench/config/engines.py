@@ -37,6 +37,15 @@ def fingerprint_engine(c: dict) -> None:
         c["engine"].pop("batch_sizes", None)
 
 
+def _control_changed(get) -> bool:
+    """Whether the control group differs from the shipped default (conf/control/fixed.yaml)."""
+    import yaml
+
+    k = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "control" / "fixed.yaml").read_text())["k"]
+    name = get("control.name")
+    return name not in (None, "fixed") or get("control.k") not in (None, k) or get("control.k_max") not in (None, get("control.k"), k)
+
+
 def _engine_values(argv: list[str]) -> list[str]:
     return [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == "engine"]
 
@@ -81,6 +90,9 @@ def engine_rules(get) -> None:
         if name in schema.VLLM_METHODS and name not in schema.METHODS:
             raise SpecBenchError(f"method {name!r} is one of vLLM's: run it with engine=vllm")
         return
+    if _control_changed(get):
+        raise SpecBenchError("control.* is not read with engine=vllm (vLLM drafts method.num_speculative_tokens tokens a "
+                             "step); drop the control settings (they changed the run's name and identity, not the run)")
     if get("model.loader") == "tiny":
         raise _bad("model.loader", "tiny", "gguf or hf with engine=vllm (a tiny random Llama has no tokenizer vLLM can load)")
     sizes = get("engine.batch_sizes")
