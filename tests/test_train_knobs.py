@@ -93,3 +93,21 @@ def test_held_out_loss_counts_only_sequences_with_labels():
     labelled, unlabelled = ([1, 2, 3, 4], 2), ([1, 2, 3, 4], 4)  # (tokens, answer start): the second has no answer
     assert eval_loss(loss_fn, [labelled, unlabelled], tcfg, 0, "cpu") == (2.0, 1.0)
     assert all(math.isnan(x) for x in eval_loss(loss_fn, [unlabelled], tcfg, 0, "cpu"))
+
+
+def test_resume_states_of_two_settings_are_two_files(tmp_path, monkeypatch):
+    """One resume file an artifact: a run of another setting (a first-use training of the same part,
+    a short trial) replaced an interrupted run's state, which then restarted from step 0."""
+    from specbench.config.compose import compose
+    from specbench.config.settings import of
+    from specbench.train.resume import resume_for
+
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
+
+    def path(*over):
+        run = of(compose(["method=vanilla_sd", "model=tiny-llama", "train.checkpoint_every=7", *over]))
+        return resume_for(run, "vanilla_draft", "tiny-key", {"n_layers": 1}, "draft").path
+
+    long, short = path("train.max_steps=120"), path("train.max_steps=2")
+    assert long != short and long == path("train.max_steps=120")  # stable for one setting
+    assert path("train.max_steps=120", "train.max_minutes=5") == long  # how long a run may take: the same state

@@ -7,7 +7,8 @@ The file is safetensors (tensors) plus JSON metadata, never a pickle; it is writ
 (artifacts.atomic_write). A state saved by another setting (its `key` differs: other train or
 method settings, other data, other parameter shapes), a file that cannot be read, or one holding
 NaN or infinite values is ignored with one line, and training starts from step 0.
-save_checkpoint deletes an artifact's resume states once the artifact itself is written.
+Each setting has its own file (`<stage>-<hash of the setting>`); save_checkpoint deletes an artifact's
+resume states once the artifact itself is written.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ def resume_for(cfg, kind: str, model_key: str, structure: dict, stage: str) -> R
     drop_unset_training_keys(train)  # as the run identity does: a key added later changes nothing while unset
     key = {"stage": stage, "model": model_key, "structure": structure, "train": train,
            "method": settings.record(cfg.method)}
-    return Resume(art.with_name(f"{art.stem}.{safe_key(stage)}.resume.safetensors"), key)
+    # one file a setting: a run of another setting (a first-use training, a short trial) starts its own
+    # state instead of replacing the interrupted run's (which then restarted from step 0)
+    tag = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return Resume(art.with_name(f"{art.stem}.{safe_key(stage)}-{tag}.resume.safetensors"), key)
 
 
 def full_key(resume: Resume, sequences, params) -> str:
